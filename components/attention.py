@@ -1,0 +1,104 @@
+"""Multi-head attention: MHA/GQA/MQA, fused or separate qkv, any bias pattern, q/k norm, causal or
+bidirectional, cross-attention, scale override, logit soft-cap and sliding window.
+
+Position encodings come from the stack (``ctx.position``): RoPE rotates q/k here, ALiBi and T5
+relative buckets add a bias. K/V storage and the attention kernel belong to ``ctx.backend``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferflow.component import Component
+from inferflow.registry import create, register
+
+
+@register("attention")
+class Attention(Component):
+    uses_kv_cache = True
+
+    @dataclass(slots=True)
+    class Params:
+        hidden_size: int
+        num_heads: int
+        num_kv_heads: int | None = None
+        head_dim: int | None = None
+        qkv: str = "separate"          # "separate" (q_proj, k_proj, v_proj) or "fused" (qkv_proj: Q | K | V rows)
+        bias: bool = False             # q/k/v biases
+        out_bias: bool | None = None   # o_proj bias (default: same as bias)
+        causal: bool = True
+        cross: bool = False            # keys/values from the encoder output
+        kv_input_size: int | None = None
+        scale: float | None = None     # default 1/sqrt(head_dim)
+        softcap: float | None = None
+        sliding_window: int | None = None
+        qk_norm: str | None = None     # "rmsnorm" or "layernorm"
+        qk_norm_per_head: bool = True  # normalise each head (Qwen3) or the whole projection (OLMo2)
+        qk_norm_eps: float = 1e-6
+        use_position: bool = True
+
+    def __init__(self, p: Params):
+        super().__init__()
+        if p.qkv not in ("separate", "fused"):
+            raise ValueError(f"qkv must be 'separate' or 'fused', got {p.qkv!r}")
+        self.h = p.num_heads
+        self.hkv = p.num_kv_heads or p.num_heads
+        self.d = p.head_dim or p.hidden_size // p.num_heads
+        self.qd, self.kvd = self.h * self.d, self.hkv * self.d
+        self.causal, self.cross, self.fused = p.causal, p.cross, p.qkv == "fused"
+        self.scale = p.scale if p.scale is not None else 1.0 / math.sqrt(self.d)
+        self.softcap, self.window, self.use_position = p.softcap, p.sliding_window, p.use_position and not p.cross
+        self.cache_key = id(self)
+        kv_in = p.kv_input_size or p.hidden_size
+        lin = lambda i, o, b: create("linear", {"in_features": i, "out_features": o, "bias": b})  # noqa: E731
+        if self.fused and not p.cross:
+            self.qkv_proj = lin(p.hidden_size, self.qd + 2 * self.kvd, p.bias)
+        else:
+            self.q_proj = lin(p.hidden_size, self.qd, p.bias)
+            self.k_proj = lin(kv_in, self.kvd, p.bias)
+            self.v_proj = lin(kv_in, self.kvd, p.bias)
+        self.o_proj = lin(self.qd, p.hidden_size, p.bias if p.out_bias is None else p.out_bias)
+        self.qk_norm_per_head = p.qk_norm_per_head
+        if p.qk_norm:
+            qdim, kdim = (self.d, self.d) if p.qk_norm_per_head else (self.qd, self.kvd)
+            self.q_norm = create(p.qk_norm, {"dim": qdim, "eps": p.qk_norm_eps})
+            self.k_norm = create(p.qk_norm, {"dim": kdim, "eps": p.qk_norm_eps})
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _norm(self, norm, t, heads):
+        if norm is None:
+            return t.view(t.shape[0], heads, self.d)
+        if self.qk_norm_per_head:
+            return norm(t.view(t.shape[0], heads, self.d))
+        return norm(t).view(t.shape[0], heads, self.d)
+
+    def forward(self, x, ctx):
+        n = x.shape[0]
+        if self.cross:
+            q = self._norm(self.q_norm, self.q_proj(x), self.h)
+
+            def compute():
+                enc = ctx.encoder_out
+                k = self._norm(self.k_norm, self.k_proj(enc), self.hkv)
+                return k, self.v_proj(enc).view(enc.shape[0], self.hkv, self.d)
+
+            kv = ctx.backend.cross_kv(self.cache_key, compute, ctx)
+            out = ctx.backend.cross_attention(self.cache_key, q, kv, ctx, scale=self.scale, softcap=self.softcap)
+            return self.o_proj(out.reshape(n, self.qd))
+        if self.fused:
+            q, k, v = self.qkv_proj(x).split([self.qd, self.kvd, self.kvd], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = self._norm(self.q_norm, q, self.h), self._norm(self.k_norm, k, self.hkv)
+        v = v.view(n, self.hkv, self.d)
+        bias_fn = None
+        pos = ctx.position if self.use_position else None
+        if pos is not None:
+            if hasattr(pos, "rotate"):
+                q, k = pos.rotate(q, k, ctx)
+            if hasattr(pos, "bias_fn"):
+                bias_fn = pos.bias_fn(ctx, self.causal)
+        out = ctx.backend.self_attention(self.cache_key, q, k, v, ctx, causal=self.causal, scale=self.scale,
+                                         window=self.window, softcap=self.softcap, bias_fn=bias_fn)
+        return self.o_proj(out.reshape(n, self.qd))

@@ -1,0 +1,64 @@
+"""Embedding tables: tokens, token types (BERT segments) and learned absolute positions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from inferflow.component import Component
+from inferflow.registry import register
+
+
+@register("token_embedding")
+class TokenEmbedding(Component):
+    @dataclass(slots=True)
+    class Params:
+        vocab_size: int
+        dim: int
+        scale: float | None = None
+
+    def __init__(self, p: Params):
+        super().__init__()
+        self.scale = p.scale
+        self.declare("weight", (p.vocab_size, p.dim))
+
+    def forward(self, ids, ctx=None):
+        x = F.embedding(ids, self.weight)
+        # HF scales in the hidden dtype (Gemma builds the factor as a tensor of that dtype)
+        return x * x.new_tensor(self.scale) if self.scale is not None else x
+
+
+@register("token_type_embedding")
+class TokenTypeEmbedding(Component):
+    """Segment embeddings; reads ``token_type_ids`` (zeros when the caller gives none)."""
+
+    @dataclass(slots=True)
+    class Params:
+        num_types: int
+        dim: int
+
+    def __init__(self, p: Params):
+        super().__init__()
+        self.declare("weight", (p.num_types, p.dim))
+
+    def forward(self, ids, ctx=None):
+        return F.embedding(ids, self.weight)
+
+
+@register("learned_positions")
+class LearnedPositions(Component):
+    """Absolute position table; ``offset`` shifts the index (OPT and BART start at 2)."""
+
+    @dataclass(slots=True)
+    class Params:
+        num_positions: int
+        dim: int
+        offset: int = 0
+
+    def __init__(self, p: Params):
+        super().__init__()
+        self.offset = p.offset
+        self.declare("weight", (p.num_positions + p.offset, p.dim))
+
+    def forward(self, positions, ctx=None):
+        return F.embedding(positions + self.offset if self.offset else positions, self.weight)

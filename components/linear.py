@@ -1,0 +1,30 @@
+"""Dense linear layer: y = x W^T + b, with W stored [out_features, in_features] as in HF checkpoints."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from inferflow.component import Component
+from inferflow.registry import register
+
+
+@register("linear")
+class Linear(Component):
+    @dataclass(slots=True)
+    class Params:
+        in_features: int
+        out_features: int
+        bias: bool = False
+
+    def __init__(self, p: Params):
+        super().__init__()
+        self.in_features, self.out_features = p.in_features, p.out_features
+        self.declare("weight", (p.out_features, p.in_features))
+        if p.bias:
+            self.declare("bias", (p.out_features,))
+        else:
+            self.bias = None
+
+    def forward(self, x, ctx=None):
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,58 @@
+"""Normalisations: LayerNorm (with or without bias) and RMSNorm (incl. Gemma's (1 + w) form)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from inferflow.component import Component
+from inferflow.registry import register
+
+
+@register("layernorm")
+class LayerNorm(Component):
+    @dataclass(slots=True)
+    class Params:
+        dim: int
+        eps: float = 1e-5
+        bias: bool = True
+
+    def __init__(self, p: Params):
+        super().__init__()
+        self.dim, self.eps = p.dim, p.eps
+        self.declare("weight", (p.dim,))
+        if p.bias:
+            self.declare("bias", (p.dim,))
+        else:
+            self.bias = None
+
+    def forward(self, x, ctx=None):
+        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+
+
+@register("rmsnorm")
+class RMSNorm(Component):
+    """x / rms(x) * (offset + w), computed in float32 (``offset: 1`` is Gemma's (1 + w) variant)."""
+
+    @dataclass(slots=True)
+    class Params:
+        dim: int
+        eps: float = 1e-6
+        offset: float = 0.0
+        # HF llama casts back to the input dtype before the weight multiply; Gemma multiplies in float32
+        weight_in_float: bool = False
+
+    def __init__(self, p: Params):
+        super().__init__()
+        self.dim, self.eps, self.offset, self.weight_in_float = p.dim, p.eps, p.offset, p.weight_in_float
+        self.declare("weight", (p.dim,))
+
+    def forward(self, x, ctx=None):
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.float() + self.offset if self.offset else self.weight
+        if self.weight_in_float:
+            return (h * w.float()).to(dtype)
+        return w.to(dtype) * h.to(dtype)

@@ -1,0 +1,38 @@
+"""inferflow: run any transformer model from a spec file.
+
+    import inferflow
+    m = inferflow.load("path/to/model")          # spec auto-detected from the model's config
+    m.generate("The capital of France is", max_new_tokens=8)
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+
+def _wire_source_tree_components() -> None:
+    # In the wheel, components/ is installed as inferflow.components; in a source checkout it sits
+    # beside this package, so register it under the same name.
+    if "inferflow.components" in sys.modules:
+        return
+    if importlib.util.find_spec("inferflow.components") is not None:
+        return
+    folder = Path(__file__).resolve().parent.parent / "components"
+    spec = importlib.util.spec_from_file_location("inferflow.components", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["inferflow.components"] = module
+    spec.loader.exec_module(module)
+
+
+_wire_source_tree_components()
+
+from .errors import FormatError, InferflowError, SpecError, UnsafeFileError, WeightError  # noqa: E402
+from .model.model import Model, load  # noqa: E402
+from .spec.loader import Spec, load_spec  # noqa: E402
+
+__all__ = ["load", "Model", "Spec", "load_spec", "InferflowError", "SpecError", "WeightError", "FormatError",
+           "UnsafeFileError", "__version__"]

@@ -1,0 +1,216 @@
+"""Reading, merging and validating model specs (YAML or INI, one JSON Schema)."""
+from __future__ import annotations
+
+import configparser
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ..errors import SpecError
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".ini")
+_MAX_SPEC_BYTES = 4 << 20
+_MAX_EXTENDS_DEPTH = 16
+
+
+@dataclass(slots=True)
+class Spec:
+    """A resolved model spec: the merged document, where it came from, and (after loading) its hyper-parameters."""
+
+    name: str
+    file: str
+    data: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        return self.data["architecture"]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __repr__(self) -> str:
+        return f"Spec({self.name!r}, {self.architecture}, file={self.file!r})"
+
+
+def search_path() -> list[Path]:
+    """Folders searched for spec names: $INFERFLOW_SPEC_PATH entries, then the shipped specs."""
+    dirs = [Path(p) for p in os.environ.get("INFERFLOW_SPEC_PATH", "").split(os.pathsep) if p]
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here / "model_specs", here.parent / "model_specs"):
+        if cand.is_dir():
+            dirs.append(cand)
+    return dirs
+
+
+def find_spec_file(name_or_path: str | os.PathLike, relative_to: Path | None = None) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in SPEC_SUFFIXES and p.is_file():
+        return p
+    dirs = ([relative_to] if relative_to else []) + search_path()
+    for d in dirs:
+        for suffix in ("",) + SPEC_SUFFIXES:
+            cand = d / f"{name_or_path}{suffix}"
+            if cand.is_file() and cand.suffix in SPEC_SUFFIXES:
+                return cand
+    raise SpecError(str(name_or_path), None, f"no spec file found (looked in {', '.join(map(str, dirs))})")
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _listify(node: Any) -> Any:
+    if isinstance(node, dict):
+        node = {k: _listify(v) for k, v in node.items()}
+        if node and all(isinstance(k, str) and k.isdigit() for k in node):
+            return [node[k] for k in sorted(node, key=int)]
+    return node
+
+
+def _set_path(root: dict, path: list[str], value: Any, file: str) -> None:
+    node = root
+    for part in path[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise SpecError(file, ".".join(path), f"'{part}' is both a value and a section")
+        node = nxt
+    node[path[-1]] = value
+
+
+def parse_ini(text: str, file: str) -> dict[str, Any]:
+    """INI form: section names are dotted key paths (numeric parts index lists); values are YAML scalars/flows."""
+    cp = configparser.ConfigParser(interpolation=None, strict=True, delimiters=("=",), comment_prefixes=("#", ";"))
+    cp.optionxform = str  # keys are case-sensitive, as in YAML
+    try:
+        cp.read_string(text, source=file)
+    except configparser.Error as e:
+        raise SpecError(file, None, f"invalid INI: {e}") from None
+    root: dict[str, Any] = {}
+    for section in cp.sections():
+        base = [] if section == "spec" else section.split(".")
+        for key, raw in cp.items(section):
+            _set_path(root, base + key.split("."), _parse_scalar(raw), file)
+    return _listify(root)
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    file = str(path)
+    try:
+        if path.stat().st_size > _MAX_SPEC_BYTES:
+            raise SpecError(file, None, f"spec larger than {_MAX_SPEC_BYTES} bytes")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(file, None, f"cannot read spec: {e}") from None
+    if path.suffix == ".ini":
+        doc = parse_ini(text, file)
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise SpecError(file, None, f"invalid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(file, None, f"a spec must be a mapping at top level, got {type(doc).__name__}")
+    return doc
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """Dicts merge key by key; lists and scalars in ``over`` replace; a null value deletes the key."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if v is None and k in out:
+            del out[k]
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _resolve_extends(doc: dict, path: Path, depth: int, seen: tuple[Path, ...]) -> dict:
+    bases = doc.get("extends") or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if depth > _MAX_EXTENDS_DEPTH:
+        raise SpecError(str(path), "extends", f"extends nested deeper than {_MAX_EXTENDS_DEPTH}")
+    merged: dict[str, Any] = {}
+    for b in bases:
+        if not isinstance(b, str):
+            raise SpecError(str(path), "extends", f"expected a spec name or path, got {b!r}")
+        bpath = find_spec_file(b, relative_to=path.parent).resolve()
+        if bpath in seen:
+            raise SpecError(str(path), "extends", f"circular extends through {bpath}")
+        merged = deep_merge(merged, _resolve_extends(read_document(bpath), bpath, depth + 1, seen + (bpath,)))
+    merged = deep_merge(merged, {k: v for k, v in doc.items() if k != "extends"})
+    return merged
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads((Path(__file__).parent / "schema.json").read_text())
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    out = ""
+    for part in error.absolute_path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def validate(doc: dict, file: str) -> None:
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(list(e.absolute_path)), list(map(str, e.absolute_path))))
+    if not errors:
+        return
+    err = errors[0]
+    # oneOf failures hide the real cause in their context; report the deepest sub-error
+    while err.context:
+        err = max(err.context, key=lambda e: len(list(e.absolute_path)))
+    msg = err.message
+    if err.validator == "additionalProperties":
+        msg = f"unknown key: {msg}"
+    elif err.validator == "required":
+        msg = f"missing required key: {msg}"
+    raise SpecError(file, _key_path(err), msg)
+
+
+def load_spec(name_or_path: str | os.PathLike) -> Spec:
+    """Find, read, merge (``extends``) and validate a spec."""
+    path = find_spec_file(name_or_path).resolve()
+    doc = _resolve_extends(read_document(path), path, 0, (path,))
+    validate(doc, str(path))
+    _check_structure(doc, str(path))
+    return Spec(name=doc["name"], file=str(path), data=doc)
+
+
+def _check_structure(doc: dict, file: str) -> None:
+    arch = doc["architecture"]
+    need = {"decoder_only": ["decoder"], "encoder_only": ["encoder"], "encoder_decoder": ["encoder", "decoder"]}[arch]
+    for key in need:
+        if key not in doc:
+            raise SpecError(file, key, f"missing required key '{key}' for architecture {arch}")
+    extra = {"encoder", "decoder"} - set(need)
+    for key in extra:
+        if key in doc:
+            raise SpecError(file, key, f"architecture {arch} has no '{key}' stack")
+
+
+def all_specs() -> list[Spec]:
+    """Every spec on the search path (first one of a name wins)."""
+    seen: dict[str, Spec] = {}
+    for d in search_path():
+        for p in sorted(d.iterdir()):
+            if p.suffix in SPEC_SUFFIXES and not p.name.startswith("_"):
+                spec = load_spec(p)
+                seen.setdefault(spec.name, spec)
+    return list(seen.values())
