@@ -37,14 +37,30 @@ class ALiBi(Component):
         style: str = "bloom"     # slope schedule for non-power-of-two head counts: "bloom" or "mpt"
         max_bias: float = 8.0
         scale: float = 1.0       # Falcon adds ALiBi before the 1/sqrt(d) scaling
+        # Falcon builds slope * key_position in bfloat16; rounding is not shift-invariant, so with a dtype the
+        # bias uses absolute key positions as it does (the same softmax as relative ALiBi for causal attention)
+        dtype: str | None = None
 
     def __init__(self, p: Params):
         super().__init__()
         fn = {"bloom": bloom_slopes, "mpt": mpt_slopes}[p.style]
-        self.slopes = fn(p.num_heads, p.max_bias) * p.scale
+        self.raw_slopes = fn(p.num_heads, p.max_bias)
+        self.slopes = self.raw_slopes * p.scale
+        self.scale = p.scale
+        self.dtype = getattr(torch, p.dtype) if p.dtype else None
 
     def bias_fn(self, ctx, causal: bool):
         slopes = self.slopes
+        if self.dtype is not None:
+            if not causal:
+                raise ValueError("alibi: dtype (absolute key positions) needs causal attention")
+            low = self.raw_slopes.to(self.dtype)
+
+            def rounded(qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+                b = (low.to(ki.device)[:, None] * ki[None, :]).float() * self.scale
+                return b[:, None, :].expand(-1, qi.shape[0], -1)
+
+            return rounded
 
         def bias(qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
             rel = (ki[None, :] - qi[:, None]).float()

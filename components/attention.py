@@ -31,6 +31,7 @@ class Attention(Component):
         kv_input_size: int | None = None
         scale: float | None = None     # default 1/sqrt(head_dim)
         softcap: float | None = None
+        clip_qkv: float | None = None  # clamp q/k/v projections to [-clip, clip] (MPT, DBRX, OLMo)
         sliding_window: int | None = None
         qk_norm: str | None = None     # "rmsnorm" or "layernorm"
         qk_norm_per_head: bool = True  # normalise each head (Qwen3) or the whole projection (OLMo2)
@@ -47,6 +48,7 @@ class Attention(Component):
         self.qd, self.kvd = self.h * self.d, self.hkv * self.d
         self.causal, self.cross, self.fused = p.causal, p.cross, p.qkv == "fused"
         self.scale = p.scale if p.scale is not None else 1.0 / math.sqrt(self.d)
+        self.clip_qkv = p.clip_qkv
         self.softcap, self.window, self.use_position = p.softcap, p.sliding_window, p.use_position and not p.cross
         self.cache_key = id(self)
         kv_in = p.kv_input_size or p.hidden_size
@@ -90,6 +92,8 @@ class Attention(Component):
             q, k, v = self.qkv_proj(x).split([self.qd, self.kvd, self.kvd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         q, k = self._norm(self.q_norm, q, self.h), self._norm(self.k_norm, k, self.hkv)
         v = v.view(n, self.hkv, self.d)
         bias_fn = None

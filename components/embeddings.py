@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from inferflow.component import Component
+from inferflow.quant.packed import hold, unpack_rows
 from inferflow.registry import register
 
 
@@ -17,13 +18,24 @@ class TokenEmbedding(Component):
         dim: int
         scale: float | None = None
 
+    packed = None  # {"weight": (ggml type, shape)} when the table is held as GGUF blocks
+
     def __init__(self, p: Params):
         super().__init__()
         self.scale = p.scale
         self.declare("weight", (p.vocab_size, p.dim))
 
+    def load_packed(self, name, t, dtype) -> bool:
+        """Keep a block-quantized table packed; a lookup decodes only the rows it reads."""
+        hold(self, name, t)
+        self.out_dtype = dtype
+        return True
+
     def forward(self, ids, ctx=None):
-        x = F.embedding(ids, self.weight)
+        if self.packed is not None:
+            x = unpack_rows(self, "weight", ids, self.out_dtype)
+        else:
+            x = F.embedding(ids, self.weight)
         # HF scales in the hidden dtype (Gemma builds the factor as a tensor of that dtype)
         return x * x.new_tensor(self.scale) if self.scale is not None else x
 

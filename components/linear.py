@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from inferflow.component import Component
+from inferflow.quant.packed import hold, packed_linear
 from inferflow.registry import register
 
 
@@ -17,6 +18,8 @@ class Linear(Component):
         out_features: int
         bias: bool = False
 
+    packed = None  # {"weight": (ggml type, shape)} when the weight is held as GGUF blocks
+
     def __init__(self, p: Params):
         super().__init__()
         self.in_features, self.out_features = p.in_features, p.out_features
@@ -26,5 +29,14 @@ class Linear(Component):
         else:
             self.bias = None
 
+    def load_packed(self, name, t, dtype) -> bool:
+        """Keep a block-quantized weight packed; it is dequantized per call, into the activation dtype."""
+        if name != "weight":
+            return False
+        hold(self, name, t)
+        return True
+
     def forward(self, x, ctx=None):
+        if self.packed is not None:
+            return packed_linear(self, "weight", x, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -84,7 +84,9 @@ def _coerce(value: Any, typ: Any, field: str, comp: str, where) -> Any:
     if typ is Any or value is None:
         return value
     if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        return value
+        # ``X | None`` checks as X (None was handled above); wider unions are the component's business
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        return _coerce(value, args[0], field, comp, where) if len(args) == 1 else value
     ok = {int: (int,), float: (int, float), bool: (bool,), str: (str,), dict: (dict,), list: (list, tuple)}.get(typ)
     if ok is None:
         return value
@@ -119,4 +121,19 @@ def make_params(cls: type, params: dict[str, Any], *, where: tuple[str | None, s
 def create(name: str, params: dict[str, Any] | None = None, *, where: tuple[str | None, str | None] = (None, None)):
     """Instantiate a registered component from a parameter dict."""
     cls = get(name, where=where)
-    return cls(make_params(cls, params or {}, where=where))
+    p = make_params(cls, params or {}, where=where)
+    try:
+        return cls(p)
+    except SpecError as e:
+        if e.file is not None or where == (None, None):
+            raise
+        # a component (or a sub-component it creates) refused a value: point at this spec step
+        own = e.key in {f.name for f in dataclasses.fields(cls.Params)}
+        key = f"{where[1]}.params" + (f".{e.key}" if own else "") if where[1] else e.key
+        raise SpecError(where[0], key, f"component {name!r}: " + (e.problem if own or not e.key
+                                                                    else f"{e.key}: {e.problem}")) from None
+    except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, AssertionError) as e:
+        if where == (None, None):
+            raise
+        raise SpecError(where[0], f"{where[1]}.params" if where[1] else "params",
+                        f"component {name!r} rejected its parameters: {type(e).__name__}: {e}") from None

@@ -17,7 +17,7 @@ FLOW_INPUTS = {"embed": ("input_ids", "positions", "token_type_ids"), "layers": 
 
 def _when(step: dict, names: dict, where: tuple) -> bool:
     cond = step.get("when", True)
-    return bool(resolve(cond, names, where=where))
+    return bool(resolve(cond, names, where=(where[0], f"{where[1]}.when")))
 
 
 def build_flow(spec: Spec, steps: list[dict], names: dict[str, Any], key: str, kind: str) -> Flow | None:
@@ -55,9 +55,14 @@ def build_stack(spec: Spec, stack_key: str, params: dict[str, Any]) -> Stack:
     data = spec.data[stack_key]
     position = None
     pos = data.get("position")
-    if pos is not None and _when(pos, params, (spec.file, f"{stack_key}.position")):
-        pparams = resolve(pos.get("params", {}), params, where=(spec.file, f"{stack_key}.position.params"))
-        position = registry.create(pos["component"], pparams, where=(spec.file, f"{stack_key}.position"))
+    # a list holds alternatives, the first whose `when` holds wins (one spec for RoPE or ALiBi checkpoints)
+    choices = pos if isinstance(pos, list) else [] if pos is None else [pos]
+    for n, pos in enumerate(choices):
+        key = f"{stack_key}.position" + (f"[{n}]" if isinstance(data["position"], list) else "")
+        if _when(pos, params, (spec.file, key)):
+            pparams = resolve(pos.get("params", {}), params, where=(spec.file, f"{key}.params"))
+            position = registry.create(pos["component"], pparams, where=(spec.file, key))
+            break
     embed = build_flow(spec, data.get("embed", []), params, f"{stack_key}.embed", "embed")
     count = resolve(data["layers"]["count"], params, where=(spec.file, f"{stack_key}.layers.count"))
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:

@@ -8,14 +8,16 @@ from ..errors import FormatError, SpecError
 from ..loaders.hf import HFDirSource
 from ..loaders.source import WeightSource
 from ..spec.expr import resolve
-from ..spec.loader import Spec, all_specs, load_spec
+from ..spec.loader import Spec, all_specs, load_spec, search_path
 
 
 def open_source(source: str | os.PathLike) -> WeightSource:
     """Pick a loader by what ``source`` is (a folder with config.json, a file of a known format)."""
     p = Path(source)
     if p.is_dir():
-        return HFDirSource(p)
+        from ..loaders import open_folder  # safetensors, else pytorch_model*.bin pickles
+
+        return open_folder(p)
     if not p.exists():
         raise FormatError(str(p), "no such file or folder")
     from ..loaders import open_file  # file formats (GGUF, pickle, llama2.c) register there
@@ -27,7 +29,8 @@ def match_spec(src: WeightSource) -> Spec:
     """The spec whose ``match`` section fits the source's config (HF model_type or GGUF architecture)."""
     cfg = src.config
     candidates = []
-    for spec in all_specs():
+    broken: list[SpecError] = []
+    for spec in all_specs(broken):
         m = spec.data.get("match", {})
         if src.kind == "hf":
             types = m.get("hf_model_type", [])
@@ -40,7 +43,10 @@ def match_spec(src: WeightSource) -> Spec:
             if src.arch not in archs:
                 continue
         elif src.kind == "llama2c":
-            if not m.get("llama2c"):
+            # Specs extending llama inherit `llama2c: true`; the loader's config says model_type "llama".
+            types = m.get("hf_model_type", [])
+            types = [types] if isinstance(types, str) else types
+            if not m.get("llama2c") or cfg.get("model_type") not in types:
                 continue
         if "when" in m:
             names = {k: v for k, v in cfg.items() if isinstance(k, str) and k.isidentifier()}
@@ -54,8 +60,10 @@ def match_spec(src: WeightSource) -> Spec:
     if not candidates:
         what = {"hf": f"model_type {cfg.get('model_type')!r}", "gguf": f"general.architecture {src.arch!r}"}.get(
             src.kind, src.kind)
-        raise SpecError(src.path, None, f"no spec in {', '.join(s.file for s in [])or 'model_specs'} matches {what}; "
-                                        f"pass spec=NAME_OR_PATH or add a spec file")
+        dirs = ", ".join(map(str, search_path())) or "(none)"
+        note = "".join(f"; skipped broken spec {e}" for e in broken)
+        raise SpecError(src.path, None, f"no spec in {dirs} matches {what}; pass spec=NAME_OR_PATH or add a spec "
+                                        f"file there (or in a folder on $INFERFLOW_SPEC_PATH){note}")
     candidates.sort(key=lambda c: -c[0])
     return candidates[0][1]
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ..errors import InferflowError
 from ..generation.sampling import sample
 from ..spec.params import resolve_params
+from ..spec.expr import resolve
 from .assembler import assemble
 from .context import AttentionBackend, ContiguousKVCache, ForwardContext
 from .detect import open_source, resolve_spec
@@ -107,22 +108,23 @@ class Model:
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: Any, *, attention_mask: Any = None, token_type_ids: Any = None,
-                      encoder_input_ids: Any = None) -> torch.Tensor:
+                      encoder_input_ids: Any = None, encoder_attention_mask: Any = None) -> torch.Tensor:
         """Last hidden states (after the stack's final block): [seq, hidden] or [batch, seq, hidden]."""
         batch = Batch(input_ids, attention_mask, self.device)
         tt = Batch(token_type_ids, attention_mask, self.device).flat if token_type_ids is not None else None
         if self.architecture == "encoder_only":
             return batch.unpack(self._encode(batch, tt)).float()
-        return batch.unpack(self._decode(batch, encoder_input_ids)).float()
+        return batch.unpack(self._decode(batch, encoder_input_ids, encoder_mask=encoder_attention_mask)).float()
 
     def _decode(self, batch: Batch, encoder_input_ids: Any, backend: AttentionBackend | None = None,
-                k_lens: list[int] | None = None, enc: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+                k_lens: list[int] | None = None, enc: tuple[torch.Tensor, list[int]] | None = None,
+                encoder_mask: Any = None) -> torch.Tensor:
         ctx = self._context(batch, backend or AttentionBackend(), k_lens)
         if self.architecture == "encoder_decoder":
             if enc is None:
                 if encoder_input_ids is None:
                     raise InferflowError("encoder_input_ids: required for encoder-decoder models")
-                eb = Batch(encoder_input_ids, None, self.device)
+                eb = Batch(encoder_input_ids, encoder_mask, self.device)
                 enc = (self._encode(eb), eb.lens)
             ctx.encoder_out, ctx.enc_lens = enc
         return self.net.decoder(self._env(batch.flat, ctx), ctx)
@@ -138,14 +140,14 @@ class Model:
 
     @torch.inference_mode()
     def logits(self, input_ids: Any, *, encoder_input_ids: Any = None, attention_mask: Any = None,
-               token_type_ids: Any = None) -> torch.Tensor:
+               token_type_ids: Any = None, encoder_attention_mask: Any = None) -> torch.Tensor:
         """float32 logits: [seq, vocab] for 1-D ids, [batch, seq, vocab] for 2-D or ragged ids."""
         batch = Batch(input_ids, attention_mask, self.device)
         if self.architecture == "encoder_only":
             tt = Batch(token_type_ids, attention_mask, self.device).flat if token_type_ids is not None else None
             hidden = self._encode(batch, tt)
         else:
-            hidden = self._decode(batch, encoder_input_ids)
+            hidden = self._decode(batch, encoder_input_ids, encoder_mask=encoder_attention_mask)
         return batch.unpack(self._head(hidden))
 
     @torch.inference_mode()
@@ -174,6 +176,7 @@ class Model:
                 ids.add(src)
             elif isinstance(src, (list, tuple)):
                 ids.update(i for i in src if isinstance(i, int))
+        ids.update(getattr(self.tokenizer, "stop_ids", ()))  # includes generation_config / spec extra EOS tokens
         return ids
 
     @torch.inference_mode()
@@ -190,7 +193,10 @@ class Model:
             eb = Batch(encoder_input_ids if encoder_input_ids is not None else prompt_ids, None, self.device)
             enc = (self._encode(eb), eb.lens)
             if encoder_input_ids is None:
-                start = self.config.get("decoder_start_token_id")
+                # the spec's generation.decoder_start_token_id (may be an expression) wins over config.json
+                start = resolve(self.spec.data.get("generation", {}).get("decoder_start_token_id"), self.params)
+                if start is None:
+                    start = self.config.get("decoder_start_token_id")
                 prompt_ids = [start if start is not None else 0]
         ids = list(prompt_ids)
         out: list[int] = []

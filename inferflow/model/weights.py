@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import WeightError
 from ..loaders.source import WeightSource
+from ..quant.packed import PackedTensor, cat_rows, dense
 from ..spec.expr import resolve
 from ..spec.loader import Spec
 
@@ -83,19 +84,24 @@ class WeightLoader:
             return torch.zeros(shape if isinstance(shape, list) else [shape], dtype=torch.float32)
         if "cat" in src:
             parts = [self._load(p, caps, suffix, key) for p in src["cat"]]
-            t = torch.cat([p.to(parts[0].dtype) for p in parts], dim=0)
+            t = cat_rows(parts)  # packed (GGUF) parts of one type stay packed
         elif "stack" in src:
             count = resolve(src["count"], names, where=where)
             var = src["stack"]
             parts = [self._load({**{k: v for k, v in src.items() if k not in ("stack", "count")}},
                                 {**caps, var: str(j)}, suffix, key) for j in range(count)]
-            return torch.stack(parts, dim=0)
+            return torch.stack([dense(p) for p in parts], dim=0)
         else:
             name = self._fmt(src["name"], caps, suffix)
             if name not in self.source:
                 raise _Missing(name)
             self.used.add(name)
             t = self.source.get(name)
+        # Block-quantized rows are whole blocks, so row-wise transforms (split, regroup, permute along
+        # dim 0) run on the raw bytes and the weight stays packed; any other transform gets real values.
+        packed = t if isinstance(t, PackedTensor) else None
+        if packed is not None:
+            t, packed = (packed.data, packed) if _rowwise(src) and packed.dim() == 2 else (packed.dequantize(), None)
         if resolve(src.get("transpose", False), names, where=where) and t.dim() == 2:
             t = t.t()
         if "regroup" in src:  # [groups * sum(sizes), ...] in group-major order -> part-major
@@ -126,7 +132,7 @@ class WeightLoader:
             t = t.float() * resolve(src["scale"], names, where=where)
         if "offset" in src:
             t = t.float() + resolve(src["offset"], names, where=where)
-        return t
+        return packed.with_rows(t) if packed is not None else t
 
     def tensor_for(self, internal: str, shape: tuple[int, ...]) -> torch.Tensor:
         found = match_template(self.mapping, internal)
@@ -144,12 +150,20 @@ class WeightLoader:
             except _Missing as e:
                 raise WeightError(self.spec.file, f"weights.{kind}['{key}']",
                                   f"tensor '{e.name}' (for {internal}) not found in {self.source.path}") from None
+            except (IndexError, KeyError, RuntimeError, TypeError, ValueError) as e:
+                # a transform that does not fit the tensor (split index, reshape, missing 'count', ...)
+                raise WeightError(self.spec.file, f"weights.{kind}['{key}']",
+                                  f"cannot build {internal} (shape {list(shape)}) from this template: "
+                                  f"{type(e).__name__}: {e}") from None
             if tuple(t.shape) != tuple(shape):
                 raise WeightError(self.spec.file, f"weights.{kind}['{key}']",
                                   f"shape mismatch for {internal}: the spec expects {list(shape)}, "
                                   f"{self.source.file_of(str(src) if isinstance(src, str) else internal)} gives "
                                   f"{list(t.shape)}")
-            t = t.to(device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype)
+            if isinstance(t, PackedTensor):
+                t = t.to(self.device)
+            else:
+                t = t.to(device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype)
             self.cache[cache_key] = t
         return t
 
@@ -163,6 +177,12 @@ class WeightLoader:
             raise WeightError(self.spec.file, f"weights.{self.source.kind}",
                               f"{len(unused)} tensor(s) in {self.source.path} are not used by the spec: {shown} "
                               f"(map them, or list them under weights.ignore)")
+
+
+def _rowwise(src: dict) -> bool:
+    """True when every transform of ``src`` only reorders or selects rows (dim 0)."""
+    keys = set(src) - {"name", "cat", "when", "permute", "heads", "regroup", "split"}
+    return not keys and src.get("split", {}).get("dim", 0) == 0
 
 
 def _unpermute_rope(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -181,6 +201,12 @@ def load_weights(net: nn.Module, spec: Spec, source: WeightSource, params: dict[
                 continue
             internal = f"{mod_name}.{pname}" if mod_name else pname
             t = loader.tensor_for(internal, tuple(param.shape))
+            if isinstance(t, PackedTensor):
+                # components that can hold raw blocks (``load_packed``) dequantize on use; others get values
+                hold = getattr(module, "load_packed", None)
+                if hold is not None and hold(pname, t, dtype):
+                    continue
+                t = t.dequantize(dtype)
             module._parameters[pname] = nn.Parameter(t, requires_grad=False)
     if check_unused:
         loader.check_unused()

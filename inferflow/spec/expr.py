@@ -39,6 +39,9 @@ FUNCTIONS = {
     "round": round, "len": len, "sqrt": math.sqrt, "log2": math.log2, "get": _get,
 }
 _MAX_POW = 4096
+_MAX_INT_BITS = 1 << 16     # bounds every integer result: chained params must not build huge numbers
+_MAX_LEN = 1 << 16          # bounds string/list results for the same reason
+_MAX_EXPR_CHARS = 4096      # deeper nesting than this is never a hyper-parameter formula
 _EXPR_RE = re.compile(r"^\$(?:\{(?P<expr>.*)\}|(?P<name>[A-Za-z_][A-Za-z0-9_]*))$", re.S)
 
 
@@ -55,16 +58,23 @@ def expression_text(value: str) -> str:
 def evaluate(text: str, names: Mapping[str, Any], *, where: tuple[str | None, str | None] = (None, None)) -> Any:
     """Evaluate ``text`` with ``names`` bound; raise SpecError naming ``where`` on any problem."""
     file, key = where
+    shown = repr(text) if len(text) <= 200 else repr(text[:200] + "...")
+    if len(text) > _MAX_EXPR_CHARS:
+        raise SpecError(file, key, f"expression {shown} is longer than {_MAX_EXPR_CHARS} characters")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
-        raise SpecError(file, key, f"invalid expression {text!r}: {e.msg}") from None
+        raise SpecError(file, key, f"invalid expression {shown}: {e.msg}") from None
+    except (RecursionError, MemoryError):
+        raise SpecError(file, key, f"expression {shown} is nested too deeply") from None
     try:
         return _eval(tree.body, names)
     except SpecError as e:
-        raise SpecError(file, key, f"in expression {text!r}: {e.problem}") from None
+        raise SpecError(file, key, f"in expression {shown}: {e.problem}") from None
+    except (RecursionError, MemoryError):
+        raise SpecError(file, key, f"expression {shown} is nested too deeply") from None
     except (TypeError, ValueError, ZeroDivisionError, OverflowError, KeyError, IndexError) as e:
-        raise SpecError(file, key, f"in expression {text!r}: {type(e).__name__}: {e}") from None
+        raise SpecError(file, key, f"in expression {shown}: {type(e).__name__}: {e}") from None
 
 
 def resolve(value: Any, names: Mapping[str, Any], *, where: tuple[str | None, str | None] = (None, None)) -> Any:
@@ -72,10 +82,15 @@ def resolve(value: Any, names: Mapping[str, Any], *, where: tuple[str | None, st
     if isinstance(value, str) and is_expression(value):
         return evaluate(expression_text(value), names, where=where)
     if isinstance(value, list):
-        return [resolve(v, names, where=where) for v in value]
+        return [resolve(v, names, where=_sub(where, f"[{n}]")) for n, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: resolve(v, names, where=where) for k, v in value.items()}
+        return {k: resolve(v, names, where=_sub(where, f".{k}")) for k, v in value.items()}
     return value
+
+
+def _sub(where: tuple[str | None, str | None], suffix: str) -> tuple[str | None, str | None]:
+    """Extend an error location by one key, so messages point at the offending entry."""
+    return where if where[1] is None else (where[0], where[1] + suffix)
 
 
 def _eval(node: ast.AST, names: Mapping[str, Any]) -> Any:
@@ -93,7 +108,8 @@ def _eval(node: ast.AST, names: Mapping[str, Any]) -> Any:
             raise SpecError(None, None, f"exponent {right} too large")
         if isinstance(node.op, ast.Mult) and (isinstance(left, (str, list)) or isinstance(right, (str, list))):
             raise SpecError(None, None, "sequence repetition is not allowed")
-        return _BINOPS[type(node.op)](left, right)
+        _check_cost(node.op, left, right)
+        return _check_size(_BINOPS[type(node.op)](left, right))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand, names))
     if isinstance(node, ast.BoolOp):
@@ -120,8 +136,14 @@ def _eval(node: ast.AST, names: Mapping[str, Any]) -> Any:
         return True
     if isinstance(node, ast.IfExp):
         return _eval(node.body, names) if _eval(node.test, names) else _eval(node.orelse, names)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS and not node.keywords:
-        return FUNCTIONS[node.func.id](*[_eval(a, names) for a in node.args])
+    if isinstance(node, ast.Call):
+        fn = node.func.id if isinstance(node.func, ast.Name) else None
+        if fn not in FUNCTIONS:
+            what = f"function {fn!r}" if fn else "calling this kind of expression"
+            raise SpecError(None, None, f"{what} is not allowed (allowed functions: {', '.join(FUNCTIONS)})")
+        if node.keywords:
+            raise SpecError(None, None, f"keyword arguments are not allowed (in the call to {fn})")
+        return _check_size(FUNCTIONS[fn](*[_eval(a, names) for a in node.args]))
     if isinstance(node, ast.Subscript):
         container, key = _eval(node.value, names), _eval(node.slice, names)
         return container[key]
@@ -129,4 +151,27 @@ def _eval(node: ast.AST, names: Mapping[str, Any]) -> Any:
         return [_eval(e, names) for e in node.elts]
     if isinstance(node, ast.Dict):
         return {_eval(k, names): _eval(v, names) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.Attribute):
+        raise SpecError(None, None, f"attribute access ('.{node.attr}') is not allowed")
     raise SpecError(None, None, f"unsupported syntax {type(node).__name__}")
+
+
+def _int_bits(v: Any) -> int:
+    return abs(v).bit_length() if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _check_cost(op: ast.operator, left: Any, right: Any) -> None:
+    """Refuse integer products/powers whose result would exceed the size bound before computing them."""
+    if isinstance(op, ast.Mult) and _int_bits(left) + _int_bits(right) > _MAX_INT_BITS:
+        raise SpecError(None, None, f"integer result larger than {_MAX_INT_BITS} bits")
+    if (isinstance(op, ast.Pow) and _int_bits(left) > 1 and isinstance(right, int) and right > 0
+            and _int_bits(left) * right > _MAX_INT_BITS):
+        raise SpecError(None, None, f"integer result larger than {_MAX_INT_BITS} bits")
+
+
+def _check_size(v: Any) -> Any:
+    if _int_bits(v) > _MAX_INT_BITS:
+        raise SpecError(None, None, f"integer result larger than {_MAX_INT_BITS} bits")
+    if isinstance(v, (str, list, dict)) and len(v) > _MAX_LEN:
+        raise SpecError(None, None, f"result longer than {_MAX_LEN} items")
+    return v

@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from ..errors import SpecError
+from .schema_errors import explain
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".ini")
 _MAX_SPEC_BYTES = 4 << 20
@@ -147,9 +148,13 @@ def _resolve_extends(doc: dict, path: Path, depth: int, seen: tuple[Path, ...]) 
     for b in bases:
         if not isinstance(b, str):
             raise SpecError(str(path), "extends", f"expected a spec name or path, got {b!r}")
-        bpath = find_spec_file(b, relative_to=path.parent).resolve()
+        try:
+            bpath = find_spec_file(b, relative_to=path.parent).resolve()
+        except SpecError as e:
+            raise SpecError(str(path), "extends", f"base spec {b!r}: {e.problem}") from None
         if bpath in seen:
-            raise SpecError(str(path), "extends", f"circular extends through {bpath}")
+            chain = " -> ".join(p.name for p in seen[seen.index(bpath):] + (bpath,))
+            raise SpecError(str(path), "extends", f"circular extends: {chain}")
         merged = deep_merge(merged, _resolve_extends(read_document(bpath), bpath, depth + 1, seen + (bpath,)))
     merged = deep_merge(merged, {k: v for k, v in doc.items() if k != "extends"})
     return merged
@@ -160,28 +165,10 @@ def schema() -> dict:
     return json.loads((Path(__file__).parent / "schema.json").read_text())
 
 
-def _key_path(error: jsonschema.ValidationError) -> str:
-    out = ""
-    for part in error.absolute_path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 def validate(doc: dict, file: str) -> None:
-    validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(list(e.absolute_path)), list(map(str, e.absolute_path))))
-    if not errors:
-        return
-    err = errors[0]
-    # oneOf failures hide the real cause in their context; report the deepest sub-error
-    while err.context:
-        err = max(err.context, key=lambda e: len(list(e.absolute_path)))
-    msg = err.message
-    if err.validator == "additionalProperties":
-        msg = f"unknown key: {msg}"
-    elif err.validator == "required":
-        msg = f"missing required key: {msg}"
-    raise SpecError(file, _key_path(err), msg)
+    errors = list(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
+    if errors:
+        raise SpecError(file, *explain(errors, schema()))
 
 
 def load_spec(name_or_path: str | os.PathLike) -> Spec:
@@ -205,12 +192,22 @@ def _check_structure(doc: dict, file: str) -> None:
             raise SpecError(file, key, f"architecture {arch} has no '{key}' stack")
 
 
-def all_specs() -> list[Spec]:
-    """Every spec on the search path (first one of a name wins)."""
+def all_specs(errors: list[SpecError] | None = None) -> list[Spec]:
+    """Every spec on the search path (first one of a name wins).
+
+    With ``errors`` given, a broken spec file is collected there instead of raising, so one bad file on
+    $INFERFLOW_SPEC_PATH cannot stop every other model from being detected.
+    """
     seen: dict[str, Spec] = {}
     for d in search_path():
         for p in sorted(d.iterdir()):
             if p.suffix in SPEC_SUFFIXES and not p.name.startswith("_"):
-                spec = load_spec(p)
+                try:
+                    spec = load_spec(p)
+                except SpecError as e:
+                    if errors is None:
+                        raise
+                    errors.append(e)
+                    continue
                 seen.setdefault(spec.name, spec)
     return list(seen.values())

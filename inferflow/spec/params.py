@@ -13,6 +13,8 @@ _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list": list, "d
 
 def lookup(config: Mapping[str, Any], key: str) -> Any:
     """``a.b.c`` walks nested dicts; a key present with a null value counts as absent."""
+    if key in config:  # flat dotted keys (GGUF metadata: "llama.block_count")
+        return _MISSING if config[key] is None else config[key]
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -60,7 +62,8 @@ def resolve_params(spec: Spec, kind: str, config: Mapping[str, Any], overrides: 
         if "expr" in decl:
             value = resolve(decl["expr"], out, where=where)
         else:
-            keys = decl.get(kind, [])
+            # Sources without their own key family (llama2c) expose their config under HF names.
+            keys = decl.get(kind, []) if kind in ("hf", "gguf") else decl.get(kind, decl.get("hf", []))
             keys = [keys] if isinstance(keys, str) else keys
             for k in keys:
                 value = lookup(config, k.replace("{arch}", arch or ""))

@@ -10,11 +10,16 @@ class Tokenizer:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    unk_token_id: int | None = None
     bos_token: str | None = None
     eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
     add_bos: bool = False
     add_eos: bool = False
-    chat_template: str | None = None
+    chat_template: str | None = None  # the default template
+    chat_templates: dict[str, str] | None = None  # all named templates ("default", "tool_use", ...)
+    special_tokens: dict[str, str] | None = None  # "bos_token" -> text, ...: what chat templates see
     extra_eos_ids: tuple[int, ...] = ()
 
     @property

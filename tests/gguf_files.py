@@ -1,0 +1,134 @@
+"""Test fixtures: tiny HF models written to GGUF the way llama.cpp's convert_hf_to_gguf.py writes them,
+and raw GGUF byte builders for malformed-file tests."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+Q = gguf.GGMLQuantizationType
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute: HF rotate-half rows -> interleaved-pair RoPE rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _store(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: Q, permute_heads: int | None) -> np.ndarray:
+    """Write ``arr`` (HF layout) under ``name``; return the values the file holds, in HF layout.
+
+    Quantization works on whole rows, so quantize(permute(W)) holds exactly the rows of
+    dequantize(quantize(W)), reordered: the reference needs no un-permutation of ours."""
+    arr = arr.astype(np.float32)
+    if arr.ndim == 1 or qtype == Q.F32:
+        stored, held = arr, arr
+    elif qtype == Q.F16:
+        stored = arr.astype(np.float16)
+        held = stored.astype(np.float32)
+    else:
+        held = gguf.quants.dequantize(gguf.quants.quantize(arr, qtype), qtype)
+        stored = gguf.quants.quantize(permute(arr, permute_heads) if permute_heads else arr, qtype)
+        writer.add_tensor(name, stored, raw_dtype=qtype)
+        return held
+    writer.add_tensor(name, permute(stored, permute_heads) if permute_heads else stored)
+    return held
+
+
+def rope_theta(cfg) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
+
+
+def write_llama(model: torch.nn.Module, path: Path, qtype: Q, arch: str = "llama", permute_qk: bool = True,
+                extra=None) -> dict[str, torch.Tensor]:
+    """Write an HF Llama-layout causal LM as GGUF; returns the HF state dict of the values as stored."""
+    cfg = model.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(rope_theta(cfg))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    if head_dim != cfg.hidden_size // heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if extra:
+        extra(w)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    held = {}
+    sd = model.state_dict()
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    for hf_name, t in sd.items():
+        if hf_name == "lm_head.weight" and tied:
+            continue
+        heads_for = None
+        if hf_name == "model.embed_tokens.weight":
+            name = "token_embd.weight"
+        elif hf_name == "model.norm.weight":
+            name = "output_norm.weight"
+        elif hf_name == "lm_head.weight":
+            name = "output.weight"
+        else:
+            _, _, i, rest = hf_name.split(".", 3)
+            module, suffix = rest.rsplit(".", 1)
+            name = f"blk.{i}.{names[module]}.{suffix}"
+            if permute_qk and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads_for = heads if module == "self_attn.q_proj" else kv
+        held[hf_name] = torch.from_numpy(_store(w, name, t.float().numpy(), qtype, heads_for))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if tied:
+        held["lm_head.weight"] = held["model.embed_tokens.weight"]
+    return held
+
+
+def with_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The same architecture holding ``state`` (the values a GGUF file stores)."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.load_state_dict(state, strict=False)
+    return ref.eval()
+
+
+# ---- raw GGUF bytes, for malformed files -------------------------------------------------------------
+
+def gstr(s: str | bytes) -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv_u32(key: str, v: int) -> bytes:
+    return gstr(key) + struct.pack("<II", 4, v)
+
+
+def kv_str(key: str, v: str) -> bytes:
+    return gstr(key) + struct.pack("<I", 8) + gstr(v)
+
+
+def tensor_info(name: str, dims: list[int], qtype: int, offset: int) -> bytes:
+    return gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + \
+        struct.pack("<IQ", qtype, offset)
+
+
+def raw_gguf(kvs: list[bytes], infos: list[bytes], data: bytes, version: int = 3, n_kv: int | None = None,
+             n_tensors: int | None = None, align: int = 32) -> bytes:
+    head = b"GGUF" + struct.pack("<IQQ", version, len(infos) if n_tensors is None else n_tensors,
+                                 len(kvs) if n_kv is None else n_kv)
+    body = head + b"".join(kvs) + b"".join(infos)
+    body += b"\0" * (-len(body) % align)
+    return body + data
