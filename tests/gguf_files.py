@@ -96,6 +96,48 @@ def write_llama(model: torch.nn.Module, path: Path, qtype: Q, arch: str = "llama
     return held
 
 
+def write_gpt2(model: torch.nn.Module, path: Path, qtype: Q) -> dict[str, torch.Tensor]:
+    """GPT-2 as convert_hf_to_gguf.py writes it: Conv1D weights transposed to [out, in], the tied head
+    written again as output.weight."""
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_context_length(cfg.n_positions)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(4 * cfg.n_embd)
+    w.add_head_count(cfg.n_head)
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    w.add_vocab_size(cfg.vocab_size)
+    names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+             "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+    held = {}
+    for hf_name, t in model.state_dict().items():
+        if hf_name.endswith((".attn.bias", ".attn.masked_bias")) or hf_name == "lm_head.weight":
+            continue
+        arr = t.float().numpy()
+        if hf_name == "transformer.wte.weight":
+            name = "token_embd.weight"
+        elif hf_name == "transformer.wpe.weight":
+            name = "position_embd.weight"
+        elif hf_name.startswith("transformer.ln_f."):
+            name = "output_norm." + hf_name.rsplit(".", 1)[1]
+        else:
+            _, _, i, rest = hf_name.split(".", 3)
+            module, suffix = rest.rsplit(".", 1)
+            name = f"blk.{i}.{names[module]}.{suffix}"
+        conv = arr.ndim == 2 and name.startswith("blk.")
+        stored = _store(w, name, arr.T if conv else arr, qtype, None)
+        held[hf_name] = torch.from_numpy(np.ascontiguousarray(stored.T if conv else stored))
+        if name == "token_embd.weight":
+            _store(w, "output.weight", arr, qtype, None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    held["lm_head.weight"] = held["transformer.wte.weight"]
+    return held
+
+
 def with_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     """The same architecture holding ``state`` (the values a GGUF file stores)."""
     import copy

@@ -1,6 +1,7 @@
 """Shared checks: a tiny random HF reference model vs the same weights loaded by inferflow."""
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -9,11 +10,13 @@ import torch
 import inferflow
 
 LENGTHS = (7, 11)
+# INFERFLOW_TEST_DEVICE=cuda runs the same parity checks with inferflow on the GPU (reference stays on CPU)
+DEVICE = os.environ.get("INFERFLOW_TEST_DEVICE", "cpu")
 
 
 def close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     tol = 1e-4 * ref.abs().max().item() + 1e-5
-    diff = (ours.float() - ref.float()).abs().max().item()
+    diff = (ours.detach().cpu().float() - ref.float()).abs().max().item()
     assert diff <= tol, f"{what}: max |diff| {diff:.3g} > tolerance {tol:.3g}"
 
 
@@ -30,7 +33,7 @@ def sequences(vocab: int, seed: int = 0, lengths=LENGTHS, low: int = 3) -> list[
 
 def check_decoder(ref: torch.nn.Module, folder: Path, vocab: int, **load_kw) -> inferflow.Model:
     """Batched ragged logits and incremental (KV-cache) logits equal the reference run per sequence."""
-    m = inferflow.load(folder, **load_kw)
+    m = inferflow.load(folder, device=DEVICE, **{"dtype": "float32", **load_kw})
     seqs = sequences(vocab)
     ours = m.logits(seqs)
     assert ours.shape == (len(seqs), max(LENGTHS), vocab)
@@ -45,7 +48,7 @@ def check_decoder(ref: torch.nn.Module, folder: Path, vocab: int, **load_kw) -> 
 
 
 def check_seq2seq(ref: torch.nn.Module, folder: Path, vocab: int, start: int = 0) -> inferflow.Model:
-    m = inferflow.load(folder)
+    m = inferflow.load(folder, device=DEVICE, dtype="float32")
     enc = sequences(vocab, seed=1)
     dec = [[start] + s[:-1] for s in sequences(vocab, seed=2, lengths=(5, 9))]
     ours = m.logits(dec, encoder_input_ids=enc)
@@ -59,7 +62,7 @@ def check_seq2seq(ref: torch.nn.Module, folder: Path, vocab: int, start: int = 0
 
 def check_encoder(ref: torch.nn.Module, folder: Path, vocab: int, *, logits: bool) -> inferflow.Model:
     """Encoder-only: last hidden states (base models) or MLM logits, with padding in the batch."""
-    m = inferflow.load(folder)
+    m = inferflow.load(folder, device=DEVICE, dtype="float32")
     seqs = sequences(vocab)
     ours = m.logits(seqs) if logits else m.hidden_states(seqs)
     for b, s in enumerate(seqs):

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import inferflow
-from gguf_files import Q, gstr, kv_str, kv_u32, raw_gguf, tensor_info, with_weights, write_llama
+from gguf_files import Q, gstr, kv_str, kv_u32, raw_gguf, tensor_info, with_weights, write_gpt2, write_llama
 from inferflow.errors import FormatError
 from inferflow.loaders import open_file
 from inferflow.loaders.gguf import GGUFSource
@@ -42,6 +42,32 @@ def test_llama_gguf_matches_reference(tmp_path, qtype):
     ours = m.logits(seq)
     rel = ((ours - orig).norm() / orig.norm()).item()
     assert rel < {Q.F16: 1e-3, Q.Q8_0: 2e-2, Q.Q4_0: 0.2}[qtype], rel
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_gguf(tmp_path, family):
+    torch.manual_seed(0)
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    if family == "qwen2":
+        ref = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)).eval()
+    else:
+        ref = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=32, **kw)).eval()
+    path = tmp_path / f"{family}.gguf"
+    held = write_llama(ref, path, Q.Q8_0, arch=family, permute_qk=False)  # no q/k permutation for these
+    m = check_decoder(with_weights(ref, held), path, VOCAB)
+    assert m.spec.name == family
+
+
+def test_gpt2_gguf(tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    ref = transformers.GPT2LMHeadModel(cfg).eval()
+    path = tmp_path / "gpt2.gguf"
+    held = write_gpt2(ref, path, Q.Q4_0)
+    m = check_decoder(with_weights(ref, held), path, VOCAB)
+    assert m.spec.name == "gpt2"
+    assert m.net.decoder.layers[0].attn.qkv_proj.packed is not None  # Conv1D weights stay packed too
 
 
 def test_tied_head_falls_back_to_token_embd(tmp_path):
@@ -125,7 +151,7 @@ def test_raw_builder_is_valid(tmp_path):
     assert src.get("b.weight").dequantize().abs().sum() == 0
 
 
-@pytest.mark.parametrize("case", ["magic", "version", "bigendian", "kv_count", "tensor_count", "string_len", "dims",
+@pytest.mark.parametrize("case", ["magic", "version", "bigendian", "kv_count", "tensor_count", "string_len", "value_len", "dims",
                                   "n_dims", "type", "offset", "misaligned", "block", "alignment", "nested", "dup"])
 def test_malformed_header(tmp_path, case):
     kvs, infos, data = good_parts()
@@ -140,7 +166,7 @@ def test_malformed_header(tmp_path, case):
         return
     expect = {
         "version": ("unsupported GGUF version 7",), "bigendian": ("big-endian",),
-        "kv_count": ("cannot", "fit"), "tensor_count": ("cannot", "fit"), "string_len": ("truncated",),
+        "kv_count": ("cannot", "fit"), "tensor_count": ("cannot", "fit"), "string_len": ("claims", "bytes"), "value_len": ("truncated",),
         "dims": ("outside the file",), "n_dims": ("5 dimensions",), "type": ("unknown ggml type id 99",),
         "offset": ("outside the file",), "misaligned": ("not a multiple of the alignment",),
         "block": ("not a multiple", "block size 32"), "alignment": ("power of two",), "nested": ("nested arrays",),
@@ -157,6 +183,8 @@ def test_malformed_header(tmp_path, case):
         kw["n_tensors"] = 1 << 40
     elif case == "string_len":
         kvs[0] = struct.pack("<Q", 1 << 62) + b"general.architecture"
+    elif case == "value_len":
+        kvs[0] = gstr("general.architecture") + struct.pack("<IQ", 8, 1 << 62)
     elif case == "dims":
         infos[0] = tensor_info("a.weight", [32, 1 << 50], 0, 0)
     elif case == "n_dims":

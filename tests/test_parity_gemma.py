@@ -1,3 +1,6 @@
+import json
+
+import torch
 import transformers
 
 from parity import check_decoder, save
@@ -16,8 +19,6 @@ def test_gemma(tmp_path):
 
 def test_gemma_legacy_gelu_untied(tmp_path):
     # released configs say hidden_act "gelu" and mean the tanh approximation
-    import json
-
     cfg = transformers.GemmaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=4, head_dim=16,
                                    max_position_embeddings=64, tie_word_embeddings=False)
@@ -33,8 +34,6 @@ def test_gemma_legacy_gelu_untied(tmp_path):
 
 def _randomize_norms(model):
     """HF initialises (1 + w) norm weights to zero, which would hide a missing offset."""
-    import torch
-
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -1,3 +1,5 @@
+import json
+
 import transformers
 
 from parity import check_decoder, save
@@ -26,8 +28,6 @@ def test_qwen2_sliding_layers(tmp_path):
 
 def test_qwen2_hub_style_config_ignores_unused_window(tmp_path):
     # hub configs keep sliding_window set while use_sliding_window is false (and may lack layer_types)
-    import json
-
     cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     ref = transformers.Qwen2ForCausalLM(cfg).eval()

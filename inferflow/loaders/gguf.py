@@ -24,6 +24,7 @@ from .source import WeightSource
 MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
 DEFAULT_ALIGNMENT = 32
+MAX_NAME = 1 << 16  # keys and tensor names (ggml itself caps tensor names at 64 bytes)
 # value type -> struct format (little-endian) of the scalar types
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
@@ -68,7 +69,10 @@ class _Cursor:
         return v
 
     def string(self, what: str, strict: bool = False) -> str:
+        """A string; ``strict``: a key or tensor name (valid UTF-8, at most MAX_NAME bytes)."""
         n = self.scalar("<Q", f"length of {what}")
+        if strict and n > MAX_NAME:
+            raise FormatError(self.path, f"corrupt: {what} at byte {self.pos - 8} claims {n} bytes")
         self.need(n, what)
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n

@@ -133,7 +133,8 @@ def _config(h: Header, eps: float = 1e-5) -> dict[str, Any]:
     return {"model_type": "llama", "hidden_size": h.dim, "intermediate_size": h.hidden_dim,
             "num_hidden_layers": h.n_layers, "num_attention_heads": h.n_heads, "num_key_value_heads": h.n_kv_heads,
             "vocab_size": h.vocab_size, "max_position_embeddings": h.seq_len, "tie_word_embeddings": h.shared,
-            "rms_norm_eps": eps, "rope_theta": 10000.0, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+            "rms_norm_eps": eps, "rope_theta": 10000.0, "hidden_act": "silu", "bos_token_id": 1,
+            "eos_token_id": [2, 1]}  # run.c stops at BOS too: tinystories models emit it between stories
 
 
 class Llama2cSource(WeightSource):
@@ -175,17 +176,22 @@ class Llama2cSource(WeightSource):
     @classmethod
     def from_checkpoint(cls, path: str, args: dict[str, Any], sd: dict[str, Any]) -> "Llama2cSource":
         """A llama2.c training checkpoint: ``sd`` maps llama2.c names to lazy tensors (``.size``, ``.load()``)."""
-        n_heads, n_layers = int(args["n_heads"]), int(args["n_layers"])
-        n_kv = int(args.get("n_kv_heads") or n_heads)
         emb = sd.get("tok_embeddings.weight")
         w1 = sd.get("layers.0.feed_forward.w1.weight")
-        if emb is None or w1 is None:
-            raise FormatError(path, "llama2.c checkpoint without tok_embeddings / feed_forward weights")
-        h = Header(int(args["dim"]), w1.size[0], n_layers, n_heads, n_kv, emb.size[0],
-                   int(args.get("max_seq_len") or 2048), shared="output.weight" not in sd, version=0)
+        try:
+            n_heads, n_layers = int(args["n_heads"]), int(args["n_layers"])
+            n_kv = int(args.get("n_kv_heads") or n_heads)
+            h = Header(int(args["dim"]), w1.size[0], n_layers, n_heads, n_kv, emb.size[0],
+                       int(args.get("max_seq_len") or 2048), shared="output.weight" not in sd, version=0)
+            eps = float(args.get("norm_eps") or 1e-5)
+        except (TypeError, ValueError, IndexError, AttributeError):
+            raise FormatError(path, "llama2.c checkpoint: bad model_args or no tok_embeddings / w1 weights") from None
         h.check(path)
         rename = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                   "output.weight": "lm_head.weight"}
+        shapes = _shapes(h)
+        want = {"model.embed_tokens.weight": shapes["tok"], "model.norm.weight": shapes["rms_final"],
+                "lm_head.weight": shapes["wcls"]}
         meta = {"rms_att": "attention_norm", "wq": "attention.wq", "wk": "attention.wk", "wv": "attention.wv",
                 "wo": "attention.wo", "rms_ffn": "ffn_norm", "w1": "feed_forward.w1", "w2": "feed_forward.w2",
                 "w3": "feed_forward.w3"}
@@ -193,6 +199,7 @@ class Llama2cSource(WeightSource):
         for i in range(n_layers):
             for kind, hf in _hf_layer(i).items():
                 rename[f"layers.{i}.{meta[kind]}.weight"] = hf
+                want[hf] = shapes[kind]
                 if kind in ("wq", "wk"):
                     heads[hf] = n_heads if kind == "wq" else n_kv
         tensors = {}
@@ -200,9 +207,11 @@ class Llama2cSource(WeightSource):
             hf = rename.get(name)
             if hf is None:
                 raise FormatError(path, f"unexpected tensor {name!r} in a llama2.c checkpoint")
+            if tuple(ref.size) != want[hf]:
+                raise FormatError(path, f"{name}: shape {list(ref.size)}, model_args imply {list(want[hf])}")
             load = (lambda r=ref, k=heads.get(hf): unpermute(r.load(), k) if k else r.load())
             tensors[hf] = (tuple(ref.size), load)
-        return cls(path, _config(h, float(args.get("norm_eps") or 1e-5)), tensors)
+        return cls(path, _config(h, eps), tensors)
 
     def names(self) -> list[str]:
         return list(self.tensors)

@@ -119,7 +119,7 @@ class PickleMachine:
         try:
             return fn.handler(*args)
         except (TypeError, ValueError, OverflowError) as e:
-            raise self.fail(f"{op} of {fn.name}: bad arguments ({e})") from None
+            raise self.fail(f"{op} of {fn.name}: bad arguments ({_clean(str(e))})") from None
 
     # ---- the loop ---------------------------------------------------------------------------------
     def run(self) -> tuple[Any, int]:
@@ -138,7 +138,7 @@ class PickleMachine:
                 handler(self)
         except (UnicodeDecodeError, struct.error, RecursionError, MemoryError) as e:
             raise self.fail(f"malformed data ({type(e).__name__})") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
             raise self.fail(f"malformed structure ({type(e).__name__}: {_clean(str(e))})") from None
 
 

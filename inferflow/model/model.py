@@ -239,7 +239,7 @@ class Model:
         pool = self.spec.data.get("pooling", {"mode": "mean", "normalize": True})
         hidden = self.hidden_states([self.tokenizer.encode(t) for t in texts])
         lens = [len(self.tokenizer.encode(t)) for t in texts]
-        mask = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+        mask = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
         for b, n in enumerate(lens):
             mask[b, :n] = True
         mode = pool.get("mode", "mean")
@@ -248,7 +248,7 @@ class Model:
         elif mode == "cls":
             out = hidden[:, 0]
         elif mode == "last":
-            out = hidden[torch.arange(len(lens)), torch.tensor(lens) - 1]
+            out = hidden[torch.arange(len(lens)), torch.tensor(lens, device=hidden.device) - 1]
         else:
             out = hidden.masked_fill(~mask[..., None], float("-inf")).amax(1)
         return F.normalize(out, dim=-1) if pool.get("normalize", True) else out

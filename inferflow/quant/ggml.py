@@ -163,11 +163,12 @@ DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
 SUPPORTED = {F32, F16, BF16, *DEQUANTIZERS}
 
 
-def check_supported(qtype: int, tensor: str, file: str | None = None) -> None:
+def check_supported(qtype: int, tensor: str | None = None, file: str | None = None) -> None:
     """Refuse (FormatError naming the type and the tensor) a block type we cannot dequantize."""
     if qtype not in SUPPORTED:
         names = ", ".join(type_name(t) for t in sorted(SUPPORTED))
-        raise FormatError(file, f"tensor {tensor!r}: ggml type {type_name(qtype)} is not supported (supported: {names})")
+        where = f"tensor {tensor!r}: " if tensor else ""
+        raise FormatError(file, f"{where}ggml type {type_name(qtype)} is not supported (supported: {names})")
 
 
 def dequantize(data: torch.Tensor, qtype: int, shape: tuple[int, ...] | None = None,
@@ -176,7 +177,7 @@ def dequantize(data: torch.Tensor, qtype: int, shape: tuple[int, ...] | None = N
 
     Computed in float32 (bit-exact vs gguf-py), then cast: one transient float32 copy per call.
     """
-    check_supported(qtype, "?")
+    check_supported(qtype)
     if qtype in (F32, F16):
         out = data.contiguous().view(PLAIN_DTYPES[qtype]).float()
     elif qtype == BF16:
