@@ -80,7 +80,7 @@ def llm_inference_main(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``inferflow`` tool: list specs and components, generate text."""
+    """``inferflow`` tool: list specs and components, inspect model files, generate text."""
     ap = argparse.ArgumentParser(prog="inferflow")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("specs", help="list the model specs on the search path")
@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int)
+    ins = sub.add_parser("inspect", help="describe a model file or folder without loading its weights")
+    ins.add_argument("source", help="model file or folder")
+    ins.add_argument("--spec", help="spec name or path (default: auto-detected)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "specs":
@@ -110,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             model = _load_model({"source": args.model, "spec": args.spec})
             print(model.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed))
+        elif args.cmd == "inspect":
+            from .inspect import inspect_main
+
+            return inspect_main(args.source, args.spec)
     except InferflowError as e:
         print(f"inferflow: {e}", file=sys.stderr)
         return 2

@@ -236,6 +236,12 @@ class GGUFSource(WeightSource):
     def tensor_type(self, name: str) -> str:
         return ggml.type_name(self.tensors[name].qtype)
 
+    def dtype_of(self, name: str) -> str:
+        return self.tensor_type(name)
+
+    def nbytes(self, name: str) -> int:
+        return self.tensors[name].nbytes
+
     def get(self, name: str) -> torch.Tensor | PackedTensor:
         info = self.tensors[name]
         if info.qtype in ggml.PLAIN_DTYPES:

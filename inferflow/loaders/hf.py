@@ -66,3 +66,10 @@ class HFDirSource(WeightSource):
 
     def file_of(self, name: str) -> str:
         return str(self.folder / self.where[name]) if name in self.where else self.path
+
+    def dtype_of(self, name: str) -> str:
+        return str(self.files[self.where[name]].infos[name].dtype).removeprefix("torch.")
+
+    def nbytes(self, name: str) -> int:
+        info = self.files[self.where[name]].infos[name]
+        return info.end - info.start

@@ -106,3 +106,12 @@ class PickleSource(WeightSource):
 
     def file_of(self, name: str) -> str:
         return str(Path(self.files[self.where[name]].path)) if name in self.where else self.path
+
+    def dtype_of(self, name: str) -> str:
+        return str(self.tensors[name].dtype).removeprefix("torch.")
+
+    def nbytes(self, name: str) -> int:
+        ref, n = self.tensors[name], 1
+        for s in ref.size:
+            n *= s
+        return n * ref.dtype.itemsize

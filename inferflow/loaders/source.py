@@ -31,5 +31,12 @@ class WeightSource:
     def file_of(self, name: str) -> str:
         return self.path
 
+    # Storage description for `inferflow inspect` (no tensor data is read); "?" / None when unknown.
+    def dtype_of(self, name: str) -> str:
+        return "?"
+
+    def nbytes(self, name: str) -> int | None:
+        return None
+
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())

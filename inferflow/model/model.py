@@ -236,7 +236,9 @@ class Model:
             texts = [texts]
         if self.tokenizer is None:
             raise InferflowError("embed: this model has no tokenizer")
-        pool = self.spec.data.get("pooling", {"mode": "mean", "normalize": True})
+        from .pooling import pooling_for
+
+        pool = pooling_for(self.source, self.spec.data.get("pooling"))
         hidden = self.hidden_states([self.tokenizer.encode(t) for t in texts])
         lens = [len(self.tokenizer.encode(t)) for t in texts]
         mask = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
