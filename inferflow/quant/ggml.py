@@ -122,21 +122,25 @@ def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.float(), mn.float()
 
 
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
+def _k4_common(b: torch.Tensor, nibbles_at: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K share their layout head: fp16 d and dmin, 6-bit scales/mins, 128 bytes of low nibbles."""
     n, dev = b.shape[0], b.device
     sc, mn = _scale_min_k4(_field(b, 4, 16))
     d = (_f16(b, 0) * sc).view(n, 8, 1)
     dm = (_f16(b, 2) * mn).view(n, 8, 1)
-    q = ((_field(b, 16, 144).view(n, 4, 1, 32) >> _u8(0, 4, shape=(1, 1, 2, 1), device=dev)) & 0x0F).view(n, 8, 32)
-    return (d * q.float() - dm).view(n, 256)
+    low = _field(b, nibbles_at, nibbles_at + 128).view(n, 4, 1, 32)
+    q = ((low >> _u8(0, 4, shape=(1, 1, 2, 1), device=dev)) & 0x0F).view(n, 8, 32)
+    return d, dm, q
+
+
+def _q4_k(b: torch.Tensor) -> torch.Tensor:
+    d, dm, q = _k4_common(b, 16)
+    return (d * q.float() - dm).view(b.shape[0], 256)
 
 
 def _q5_k(b: torch.Tensor) -> torch.Tensor:
     n, dev = b.shape[0], b.device
-    sc, mn = _scale_min_k4(_field(b, 4, 16))
-    d = (_f16(b, 0) * sc).view(n, 8, 1)
-    dm = (_f16(b, 2) * mn).view(n, 8, 1)
-    ql = ((_field(b, 48, 176).view(n, 4, 1, 32) >> _u8(0, 4, shape=(1, 1, 2, 1), device=dev)) & 0x0F).view(n, 8, 32)
+    d, dm, ql = _k4_common(b, 48)
     shifts = torch.arange(8, dtype=torch.uint8, device=dev).view(1, 1, 8, 1)
     qh = ((_field(b, 16, 48).view(n, 1, 1, 32) >> shifts) & 1).view(n, 8, 32)
     return (d * (ql | (qh << 4)).float() - dm).view(n, 256)
