@@ -19,6 +19,9 @@ class TokenEmbedding(Component):
         scale: float | None = None
 
     packed = None  # {"weight": (ggml type, shape)} when the table is held as GGUF blocks
+    # The table may be kept in host RAM while the rest of the model runs on a GPU (Inferflow's host embeddings,
+    # inferflow/model/placement.py): it is large and read a few rows per step, so VRAM is better spent elsewhere.
+    host_placeable = True
 
     def __init__(self, p: Params):
         super().__init__()
@@ -32,10 +35,15 @@ class TokenEmbedding(Component):
         return True
 
     def forward(self, ids, ctx=None):
+        # Look up where the table lives and move only the [N, dim] rows to the ids' (compute) device; with
+        # the table on the compute device (or on a CPU-only machine) both moves are no-ops.
+        table = self.weight_blocks if self.packed is not None else self.weight
+        at = ids.to(table.device)
         if self.packed is not None:
-            x = unpack_rows(self, "weight", ids, self.out_dtype)
+            x = unpack_rows(self, "weight", at, self.out_dtype)
         else:
-            x = F.embedding(ids, self.weight)
+            x = F.embedding(at, table)
+        x = x.to(ids.device)
         # HF scales in the hidden dtype (Gemma builds the factor as a tensor of that dtype)
         return x * x.new_tensor(self.scale) if self.scale is not None else x
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from inferflow.component import Component
-from inferflow.quant.packed import hold, packed_linear
+from inferflow.quant.cpu_kernels import hold_linear, linear as packed_linear
 from inferflow.registry import register
 
 
@@ -30,10 +30,10 @@ class Linear(Component):
             self.bias = None
 
     def load_packed(self, name, t, dtype) -> bool:
-        """Keep a block-quantized weight packed; it is dequantized per call, into the activation dtype."""
+        """Keep a block-quantized weight packed (as blocks, or repacked for a fast kernel: quant/cpu_kernels.py)."""
         if name != "weight":
             return False
-        hold(self, name, t)
+        hold_linear(self, name, t)
         return True
 
     def forward(self, x, ctx=None):

@@ -44,7 +44,9 @@ class RelativeBias(Component):
     def bias_fn(self, ctx, causal: bool):
         def bias(qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
             b = relative_bucket(ki[None, :] - qi[:, None], self.p.bidirectional, self.p.num_buckets, self.p.max_distance)
-            return F.embedding(b, self.weight).permute(2, 0, 1)
+            # the indices may live elsewhere than the table (paged KV layers attended on the host): look up
+            # where the table is, return where the queries are
+            return F.embedding(b.to(self.weight.device), self.weight).permute(2, 0, 1).to(qi.device)
 
         return bias
 

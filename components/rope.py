@@ -53,14 +53,23 @@ def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, out)
 
 
+# llama.cpp's GGUF names ({arch}.rope.scaling.*) for the HF rope_scaling keys they carry
+_GGUF_SCALING_KEYS = {"original_context_length": "original_max_position_embeddings", "yarn_beta_fast": "beta_fast",
+                      "yarn_beta_slow": "beta_slow", "yarn_attn_factor": "attention_factor"}
+
+
 @register("rope")
 class RoPE(Component):
+    # Per-pair frequency divisors (llama.cpp's rope_freqs tensor, how GGUF files carry llama3 scaling): used when
+    # the file has them, else absent. Kept in float32 like inv_freq.
+    optional_weights = ("freq_factors",)
+
     @dataclass(slots=True)
     class Params:
         dim: int                          # rotated dimensions per head (partial rotary: < head_dim)
         theta: float = 10000.0
         style: str = "half"               # "half" (rotate-half) or "interleaved" (pairs 2i, 2i+1)
-        scaling: dict | None = None       # HF rope_scaling / rope_parameters
+        scaling: dict | None = None       # HF rope_scaling / rope_parameters, or GGUF's rope.scaling.* keys
         max_position_embeddings: int | None = None
 
     def __init__(self, p: Params):
@@ -69,7 +78,10 @@ class RoPE(Component):
             raise ValueError(f"rope style must be 'half' or 'interleaved', got {p.style!r}")
         self.dim, self.theta, self.style, self.max_pos = p.dim, p.theta, p.style, p.max_position_embeddings
         s = dict(p.scaling or {})
+        s.update({hf: s[k] for k, hf in _GGUF_SCALING_KEYS.items() if k in s and hf not in s})
         self.kind = s.get("rope_type") or s.get("type") or "default"
+        if self.kind == "none":  # GGUF's name for no scaling
+            self.kind = "default"
         self.factor = float(s.get("factor") or 1.0)
         self.mscale = 1.0
         inv = 1.0 / (p.theta ** (torch.arange(0, p.dim, 2, dtype=torch.int64).float() / p.dim))
@@ -82,6 +94,7 @@ class RoPE(Component):
         elif self.kind not in ("default", "dynamic"):
             raise ValueError(f"unsupported rope scaling type {self.kind!r} (default, linear, dynamic, llama3, yarn)")
         self.inv_freq = inv  # kept in float32 off the module's buffers so dtype casts never touch it
+        self.declare("freq_factors", (p.dim // 2,))
 
     def _inv_freq(self, positions: torch.Tensor) -> torch.Tensor:
         inv = self.inv_freq
@@ -90,7 +103,11 @@ class RoPE(Component):
             if seq > self.max_pos:
                 base = self.theta * ((self.factor * seq / self.max_pos) - (self.factor - 1)) ** (self.dim / (self.dim - 2))
                 inv = 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim))
-        return inv.to(positions.device)
+        inv = inv.to(positions.device)
+        factors = self._parameters.get("freq_factors")
+        if factors is not None and not factors.is_meta:  # llama.cpp: theta_i = pos * inv_freq_i / factor_i
+            inv = inv / factors.to(device=positions.device, dtype=torch.float32)
+        return inv
 
     def cos_sin(self, ctx, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         key = ("rope", id(self), dtype)

@@ -35,4 +35,13 @@ from .model.model import Model, load  # noqa: E402
 from .spec.loader import Spec, load_spec  # noqa: E402
 
 __all__ = ["load", "Model", "Spec", "load_spec", "InferflowError", "SpecError", "WeightError", "FormatError",
-           "UnsafeFileError", "__version__"]
+           "UnsafeFileError", "Engine", "EngineConfig", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # the engine is imported on first use: `import inferflow` stays light for load-and-run scripts
+    if name in ("Engine", "EngineConfig", "SamplingParams"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'inferflow' has no attribute {name!r}")

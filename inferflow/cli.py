@@ -1,23 +1,12 @@
-"""Command-line entry points: ``inferflow`` (tools), ``llm_inference`` (query files)."""
+"""Command-line entry points: ``inferflow`` (tools, chat), ``llm_inference`` (query files), ``inferflow-service``."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from .errors import InferflowError
-
-QUERY_DIR = Path(__file__).resolve().parent / "data"
-
-
-def _default_query_file() -> Path:
-    for cand in (QUERY_DIR / "query.yaml", Path(__file__).resolve().parent.parent / "service_configs" / "query.yaml"):
-        if cand.is_file():
-            return cand
-    raise InferflowError("no default query file shipped (expected service_configs/query.yaml)")
 
 
 def _load_model(cfg: dict[str, Any]):
@@ -31,56 +20,15 @@ def _load_model(cfg: dict[str, Any]):
     return inferflow.load(source, spec=cfg.get("spec"), dtype=cfg.get("dtype"), device=cfg.get("device"))
 
 
-def _prompt_ids(model, query: dict[str, Any] | str, use_chat: bool) -> list[int]:
-    if isinstance(query, str):
-        query = {"text": query}
-    tok = model.tokenizer
-    if use_chat and tok is not None and tok.chat_template:
-        messages = []
-        if query.get("system_prompt"):
-            messages.append({"role": "system", "content": query["system_prompt"]})
-        messages.append({"role": "user", "content": query.get("text", "")})
-        text = tok.apply_chat_template(messages, add_generation_prompt=True) + query.get("res_prefix", "")
-        return tok.encode(text, add_special_tokens=False)
-    return tok.encode(query.get("text", "") + query.get("res_prefix", ""))
-
-
 def llm_inference_main(argv: list[str] | None = None) -> int:
-    """Run the queries of a query file (YAML or JSON) and print the results and throughput."""
-    import yaml
+    """Run the queries of a query file (YAML, or Inferflow's llm_inference.ini) batched through the engine."""
+    from .service.query_runner import llm_inference
 
-    ap = argparse.ArgumentParser(prog="llm_inference", description=llm_inference_main.__doc__)
-    ap.add_argument("query_file", nargs="?", help="query file (default: the shipped one, on the default model)")
-    args = ap.parse_args(argv)
-    path = Path(args.query_file) if args.query_file else _default_query_file()
-    try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        model_cfg = cfg.get("model", {})
-        sampling = cfg.get("sampling", {})
-        model = _load_model(model_cfg)
-        use_chat = model_cfg.get("chat", True)
-        total_tokens, t0 = 0, time.perf_counter()
-        for n, query in enumerate(cfg.get("queries", []), 1):
-            ids = _prompt_ids(model, query, use_chat)
-            out = model.generate_ids(ids, max_new_tokens=sampling.get("max_new_tokens", 128),
-                                     temperature=sampling.get("temperature", 0.0), top_k=sampling.get("top_k", 0),
-                                     top_p=sampling.get("top_p", 1.0), seed=sampling.get("seed"))
-            total_tokens += len(out)
-            text = query if isinstance(query, str) else query.get("text", "")
-            print(f"===== Query {n}: {text}")
-            print(model.tokenizer.decode(out))
-        dt = time.perf_counter() - t0
-        if total_tokens:
-            print(f"Time per token: {1000 * dt / total_tokens:.2f} ms ({dt:.2f}s / {total_tokens})")
-            print(f"Throughput: {total_tokens / dt:.2f} tokens/sec")
-    except (InferflowError, OSError, yaml.YAMLError) as e:
-        print(f"llm_inference: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return llm_inference(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``inferflow`` tool: list specs and components, inspect model files, generate text."""
+    """``inferflow`` tool: list specs and components, inspect model files, generate text, chat."""
     ap = argparse.ArgumentParser(prog="inferflow")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("specs", help="list the model specs on the search path")
@@ -97,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("inspect", help="describe a model file or folder without loading its weights")
     ins.add_argument("source", help="model file or folder")
     ins.add_argument("--spec", help="spec name or path (default: auto-detected)")
+    sub.add_parser("chat", help="interactive terminal chat (see: inferflow chat --help)", add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["chat"]:  # its own options: parsed by chat_main
+        from .service.chat_cli import chat_main
+
+        return chat_main(argv[1:])
     args = ap.parse_args(argv)
     try:
         if args.cmd == "specs":
@@ -124,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def service_main(argv: list[str] | None = None) -> int:
-    """``inferflow-service``: the HTTP service (native and OpenAI routes) is built in the service issue."""
-    print("inferflow-service: the HTTP service is not part of this release yet", file=sys.stderr)
-    return 2
+    """``inferflow-service [service.yaml]``: the HTTP service (native and OpenAI routes)."""
+    from .service.cli import service_main as run
+
+    return run(argv)
 
 
 if __name__ == "__main__":

@@ -174,3 +174,46 @@ def raw_gguf(kvs: list[bytes], infos: list[bytes], data: bytes, version: int = 3
     body = head + b"".join(kvs) + b"".join(infos)
     body += b"\0" * (-len(body) % align)
     return body + data
+
+
+def write_phi2(model: torch.nn.Module, path: Path, qtype: Q, fused: bool = False) -> dict[str, torch.Tensor]:
+    """Phi (HF PhiForCausalLM) as convert_hf_to_gguf.py's Phi2Model writes it: arch "phi2", the rotated
+    dimensions as rope.dimension_count, no q/k permutation; ``fused``: Q|K|V in one attn_qkv (older files)."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    params = getattr(cfg, "rope_parameters", None) or {}
+    rot_pct = params.get("partial_rotary_factor") or getattr(cfg, "partial_rotary_factor", 0.5)
+    w = gguf.GGUFWriter(str(path), "phi2")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(4 * cfg.hidden_size)  # what the converter writes, whatever intermediate_size says
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads)
+    w.add_layer_norm_eps(cfg.layer_norm_eps)
+    w.add_rope_dimension_count(int(rot_pct * cfg.hidden_size) // heads)
+    w.add_vocab_size(cfg.vocab_size)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down", "input_layernorm": "attn_norm"}
+    top = {"model.embed_tokens": "token_embd", "model.final_layernorm": "output_norm", "lm_head": "output"}
+    sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    held = {}
+    for hf_name, arr in sd.items():
+        module, suffix = hf_name.rsplit(".", 1)
+        if module in top:
+            held[hf_name] = torch.from_numpy(_store(w, f"{top[module]}.{suffix}", arr, qtype, None))
+            continue
+        _, _, i, rest = module.split(".", 3)
+        if fused and rest in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            if rest == "self_attn.q_proj":
+                parts = [sd[f"model.layers.{i}.self_attn.{p}_proj.{suffix}"] for p in "qkv"]
+                stored = _store(w, f"blk.{i}.attn_qkv.{suffix}", np.concatenate(parts), qtype, None)
+                for p, part in zip("qkv", np.split(stored, 3)):
+                    held[f"model.layers.{i}.self_attn.{p}_proj.{suffix}"] = torch.from_numpy(part.copy())
+            continue
+        held[hf_name] = torch.from_numpy(_store(w, f"blk.{i}.{names[rest]}.{suffix}", arr, qtype, None))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held

@@ -20,6 +20,10 @@ def open_source(source: str | os.PathLike) -> WeightSource:
         return open_folder(p)
     if not p.exists():
         raise FormatError(str(p), "no such file or folder")
+    from ..spec.inferflow_compat import open_model, read_inferflow_spec
+
+    if read_inferflow_spec(p) is not None:  # an Inferflow model_spec.json: the weights it names, its spec translated
+        return open_model(p)
     from ..loaders import open_file  # file formats (GGUF, pickle, llama2.c) register there
 
     return open_file(p)
@@ -71,4 +75,9 @@ def match_spec(src: WeightSource) -> Spec:
 def resolve_spec(spec: str | os.PathLike | Spec | None, src: WeightSource) -> Spec:
     if isinstance(spec, Spec):
         return spec
-    return load_spec(spec) if spec is not None else match_spec(src)
+    if spec is None:
+        return getattr(src, "translated_spec", None) or match_spec(src)
+    from ..spec.inferflow_compat import read_inferflow_spec, translate
+
+    doc = read_inferflow_spec(spec) if str(spec).endswith(".json") else None
+    return translate(doc, spec, src) if doc is not None else load_spec(spec)

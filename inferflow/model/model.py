@@ -5,10 +5,10 @@ import os
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import InferflowError
 from ..generation.sampling import sample
+from ..quant.cpu_kernels import using as using_quant_kernels
 from ..spec.params import resolve_params
 from ..spec.expr import resolve
 from .assembler import assemble
@@ -139,6 +139,12 @@ class Model:
         return self.net.head({"x": hidden}, ctx).float()
 
     @torch.inference_mode()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, vocab] of packed last hidden states [N, hidden] through the spec's head (an engine
+        applies it to only the rows it needs: sampling rows, masked positions)."""
+        return self._head(hidden)
+
+    @torch.inference_mode()
     def logits(self, input_ids: Any, *, encoder_input_ids: Any = None, attention_mask: Any = None,
                token_type_ids: Any = None, encoder_attention_mask: Any = None) -> torch.Tensor:
         """float32 logits: [seq, vocab] for 1-D ids, [batch, seq, vocab] for 2-D or ragged ids."""
@@ -168,7 +174,37 @@ class Model:
             outs.append(self._head(self._decode(batch, None, backend, [start + len(part)], enc)))
         return torch.cat(outs, dim=0)
 
+    @torch.inference_mode()
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, q_lens: list[int], k_lens: list[int],
+                       backend: AttentionBackend, *, encoder_out: torch.Tensor | None = None,
+                       enc_lens: list[int] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One decoder pass over the packed new tokens of several sequences (an engine step).
+
+        Returns float32 logits of ``rows`` (indices into the N tokens; all when None). ``encoder_out`` /
+        ``enc_lens``: packed encoder outputs of the sequences whose cross K/V the backend lacks.
+        """
+        ctx = ForwardContext(positions=positions, q_lens=list(q_lens), k_lens=list(k_lens), backend=backend)
+        ctx.encoder_out, ctx.enc_lens = encoder_out, enc_lens
+        hidden = self.net.decoder(self._env(input_ids, ctx), ctx)
+        return self._head(hidden if rows is None else hidden.index_select(0, rows))
+
+    @torch.inference_mode()
+    def encode_packed(self, ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int]]:
+        """Packed last hidden states [N, hidden] of several sequences and their lengths: the encoder's (encoder
+        models; the input of cross-attention) or the cache-less decoder's (decoder-only models)."""
+        batch = Batch([list(x) for x in ids], None, self.device)
+        hidden = self._encode(batch) if self.net.encoder is not None else self._decode(batch, None)
+        return hidden, batch.lens
+
     # ---- generation -----------------------------------------------------------------------------
+    def decoder_start_ids(self) -> list[int]:
+        """Decoder prompt of an encoder-decoder request given only its encoder input."""
+        # the spec's generation.decoder_start_token_id (may be an expression) wins over config.json
+        start = resolve(self.spec.data.get("generation", {}).get("decoder_start_token_id"), self.params)
+        if start is None:
+            start = self.config.get("decoder_start_token_id")
+        return [start if start is not None else 0]
+
     def _stop_ids(self) -> set[int]:
         ids: set[int] = set()
         for src in (self.config.get("eos_token_id"), getattr(self.tokenizer, "eos_token_id", None)):
@@ -193,11 +229,7 @@ class Model:
             eb = Batch(encoder_input_ids if encoder_input_ids is not None else prompt_ids, None, self.device)
             enc = (self._encode(eb), eb.lens)
             if encoder_input_ids is None:
-                # the spec's generation.decoder_start_token_id (may be an expression) wins over config.json
-                start = resolve(self.spec.data.get("generation", {}).get("decoder_start_token_id"), self.params)
-                if start is None:
-                    start = self.config.get("decoder_start_token_id")
-                prompt_ids = [start if start is not None else 0]
+                prompt_ids = self.decoder_start_ids()
         ids = list(prompt_ids)
         out: list[int] = []
         pos = 0
@@ -236,29 +268,20 @@ class Model:
             texts = [texts]
         if self.tokenizer is None:
             raise InferflowError("embed: this model has no tokenizer")
-        from .pooling import pooling_for
+        from .pooling import pool_hidden, pooling_for
 
         pool = pooling_for(self.source, self.spec.data.get("pooling"))
-        hidden = self.hidden_states([self.tokenizer.encode(t) for t in texts])
-        lens = [len(self.tokenizer.encode(t)) for t in texts]
-        mask = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-        for b, n in enumerate(lens):
-            mask[b, :n] = True
-        mode = pool.get("mode", "mean")
-        if mode == "mean":
-            out = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-        elif mode == "cls":
-            out = hidden[:, 0]
-        elif mode == "last":
-            out = hidden[torch.arange(len(lens)), torch.tensor(lens, device=hidden.device) - 1]
-        else:
-            out = hidden.masked_fill(~mask[..., None], float("-inf")).amax(1)
-        return F.normalize(out, dim=-1) if pool.get("normalize", True) else out
+        hidden, lens = self.encode_packed([self.tokenizer.encode(t) for t in texts])
+        return pool_hidden(hidden.float(), lens, pool)
 
 
 def load(source: str | os.PathLike, *, spec: Any = None, dtype: str | torch.dtype | None = None,
-         device: str | torch.device | None = None, **overrides: Any) -> Model:
+         device: str | torch.device | None = None, progress: Any = None, quant_kernels: str | None = None,
+         host_embeddings: bool = False, **overrides: Any) -> Model:
     """Load a model: ``source`` is a model folder or file; ``spec`` a spec name/path (default: auto-detected);
+    ``progress(done, total)`` is called as weights load (a CLI draws a bar); ``quant_kernels``: "fast" (default)
+    or "reference" (bit-exact dequantization of block-quantized weights, inferflow/quant/cpu_kernels.py);
+    ``host_embeddings``: keep token-embedding tables in host RAM (inferflow/model/placement.py);
     ``overrides`` replace hyper-parameters by name."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     dt = as_dtype(dtype, dev)
@@ -267,9 +290,15 @@ def load(source: str | os.PathLike, *, spec: Any = None, dtype: str | torch.dtyp
     params = resolve_params(sp, src.kind, src.config, overrides, config_name=src.config_name, arch=src.arch)
     sp.params = params
     net = assemble(sp, params)
-    load_weights(net, sp, src, params, dtype=dt, device=dev)
+    with using_quant_kernels(quant_kernels):
+        load_weights(net, sp, src, params, dtype=dt, device=dev, progress=progress)
     net.eval()
     from ..tokenizers import load_tokenizer
 
     tok = load_tokenizer(src, sp, params)
-    return Model(sp, params, net, tok, src, dt, dev)
+    model = Model(sp, params, net, tok, src, dt, dev)
+    if host_embeddings:
+        from .placement import place_embeddings
+
+        place_embeddings(model)
+    return model

@@ -5,6 +5,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 # sentence-transformers 1_Pooling/config.json flags -> our pooling modes (first true flag wins)
 _ST_MODES = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
              ("pooling_mode_max_tokens", "max"), ("pooling_mode_lasttoken", "last"))
@@ -39,6 +42,22 @@ def sentence_transformers_pooling(folder: str | Path) -> dict[str, Any] | None:
     if mode is None:
         return None  # e.g. mean_sqrt_len or weighted modes: leave it to the spec
     return {"mode": mode, "normalize": "Normalize" in types}
+
+
+def pool_hidden(hidden: torch.Tensor, lens: list[int], pool: dict[str, Any]) -> torch.Tensor:
+    """Packed last hidden states [N, H] of ``len(lens)`` sequences -> pooled [n, H] (L2-normalised unless
+    ``pool["normalize"]`` is false); modes mean, cls, last, max. Model.embed and the engine share it."""
+    parts = torch.split(hidden, list(lens))
+    mode = pool.get("mode", "mean")
+    if mode == "mean":
+        out = torch.stack([p.mean(0) for p in parts])
+    elif mode == "cls":
+        out = torch.stack([p[0] for p in parts])
+    elif mode == "last":
+        out = torch.stack([p[-1] for p in parts])
+    else:
+        out = torch.stack([p.amax(0) for p in parts])
+    return F.normalize(out, dim=-1) if pool.get("normalize", True) else out
 
 
 def pooling_for(source: Any, spec_pooling: dict[str, Any] | None) -> dict[str, Any]:

@@ -134,9 +134,12 @@ class WeightLoader:
             t = t.float() + resolve(src["offset"], names, where=where)
         return packed.with_rows(t) if packed is not None else t
 
-    def tensor_for(self, internal: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def tensor_for(self, internal: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
+        """``optional``: a component's auxiliary float32 table that files may lack; None when absent."""
         found = match_template(self.mapping, internal)
         kind = self.source.kind
+        if found is None and optional:
+            return None
         if found is None:
             raise WeightError(self.spec.file, f"weights.{kind}",
                               f"no tensor-name template covers '{internal}' (shape {list(shape)})")
@@ -148,6 +151,8 @@ class WeightLoader:
             try:
                 t = self._load(src, caps, suffix, key)
             except _Missing as e:
+                if optional:
+                    return None
                 raise WeightError(self.spec.file, f"weights.{kind}['{key}']",
                                   f"tensor '{e.name}' (for {internal}) not found in {self.source.path}") from None
             except (IndexError, KeyError, RuntimeError, TypeError, ValueError) as e:
@@ -163,7 +168,8 @@ class WeightLoader:
             if isinstance(t, PackedTensor):
                 t = t.to(self.device)
             else:
-                t = t.to(device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype)
+                keep = torch.float32 if optional else self.dtype
+                t = t.to(device=self.device, dtype=keep if t.is_floating_point() else t.dtype)
             self.cache[cache_key] = t
         return t
 
@@ -192,15 +198,25 @@ def _unpermute_rope(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def load_weights(net: nn.Module, spec: Spec, source: WeightSource, params: dict[str, Any], *, dtype: torch.dtype,
-                 device: torch.device, check_unused: bool = True) -> None:
-    """Replace every declared (meta) parameter of ``net`` with its tensor from ``source``."""
+                 device: torch.device, check_unused: bool = True, progress: Any = None) -> None:
+    """Replace every declared (meta) parameter of ``net`` with its tensor from ``source``;
+    ``progress(done, total)`` (optional) is called as each tensor is taken."""
     loader = WeightLoader(spec, source, params, dtype, device)
+    total = sum(1 for p in net.parameters() if p.is_meta) if progress is not None else 0
+    done = 0
     for mod_name, module in net.named_modules():
         for pname, param in list(module._parameters.items()):
             if param is None or not param.is_meta:
                 continue
+            if progress is not None:
+                done += 1
+                progress(min(done, total), total)
             internal = f"{mod_name}.{pname}" if mod_name else pname
-            t = loader.tensor_for(internal, tuple(param.shape))
+            # ``optional_weights``: components' auxiliary tables a file may lack; absent ones stay None
+            t = loader.tensor_for(internal, tuple(param.shape), pname in getattr(module, "optional_weights", ()))
+            if t is None:
+                module._parameters[pname] = None
+                continue
             if isinstance(t, PackedTensor):
                 # components that can hold raw blocks (``load_packed``) dequantize on use; others get values
                 hold = getattr(module, "load_packed", None)

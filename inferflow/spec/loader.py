@@ -19,6 +19,8 @@ from .schema_errors import explain
 SPEC_SUFFIXES = (".yaml", ".yml", ".ini")
 _MAX_SPEC_BYTES = 4 << 20
 _MAX_EXTENDS_DEPTH = 16
+# libyaml's parser when present: every load matches against all specs, and pure-Python YAML took seconds
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(slots=True)
@@ -105,11 +107,21 @@ def parse_ini(text: str, file: str) -> dict[str, Any]:
     return _listify(root)
 
 
+# Every load without a spec reads and validates all specs: parsed documents (by file, mtime and size) and
+# documents that passed the schema are remembered, so matching costs milliseconds, not seconds.
+_DOCS: dict[tuple[str, int, int], dict[str, Any]] = {}
+_VALID: set[str] = set()
+
+
 def read_document(path: Path) -> dict[str, Any]:
     file = str(path)
     try:
-        if path.stat().st_size > _MAX_SPEC_BYTES:
+        st = path.stat()
+        if st.st_size > _MAX_SPEC_BYTES:
             raise SpecError(file, None, f"spec larger than {_MAX_SPEC_BYTES} bytes")
+        key = (file, st.st_mtime_ns, st.st_size)
+        if key in _DOCS:
+            return copy.deepcopy(_DOCS[key])
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(file, None, f"cannot read spec: {e}") from None
@@ -117,11 +129,14 @@ def read_document(path: Path) -> dict[str, Any]:
         doc = parse_ini(text, file)
     else:
         try:
-            doc = yaml.safe_load(text)
+            doc = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader (C or Python)
         except yaml.YAMLError as e:
             raise SpecError(file, None, f"invalid YAML: {e}") from None
     if not isinstance(doc, dict):
         raise SpecError(file, None, f"a spec must be a mapping at top level, got {type(doc).__name__}")
+    if len(_DOCS) > 256:
+        _DOCS.clear()
+    _DOCS[key] = copy.deepcopy(doc)
     return doc
 
 
@@ -166,9 +181,19 @@ def schema() -> dict:
 
 
 def validate(doc: dict, file: str) -> None:
+    try:
+        key = json.dumps(doc, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys of mixed types: validate every time
+        key = None
+    if key is not None and key in _VALID:
+        return
     errors = list(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
     if errors:
         raise SpecError(file, *explain(errors, schema()))
+    if key is not None:
+        if len(_VALID) > 512:
+            _VALID.clear()
+        _VALID.add(key)
 
 
 def load_spec(name_or_path: str | os.PathLike) -> Spec:

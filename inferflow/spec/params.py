@@ -15,6 +15,12 @@ def lookup(config: Mapping[str, Any], key: str) -> Any:
     """``a.b.c`` walks nested dicts; a key present with a null value counts as absent."""
     if key in config:  # flat dotted keys (GGUF metadata: "llama.block_count")
         return _MISSING if config[key] is None else config[key]
+    # a prefix of flat dotted keys gathers them into a dict ("{arch}.rope.scaling" -> {"type": ..., "factor": ...})
+    prefix = key + "."
+    group = {k[len(prefix):]: v for k, v in config.items() if isinstance(k, str) and k.startswith(prefix)
+             and v is not None}
+    if group:
+        return group
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:

@@ -1,0 +1,66 @@
+"""Engine limits and KV-cache settings (one per served model)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import InferflowError
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """How the engine batches requests and sizes its paged KV cache.
+
+    Names follow vLLM where a knob exists there (``max_num_seqs``, ``max_num_batched_tokens``,
+    ``block_size``, ``enable_prefix_caching``, ``swap_space``); Inferflow's KV placement knob is
+    ``host_kv_layers`` (the fraction of the last layers whose KV cache lives in host RAM).
+    """
+
+    max_num_seqs: int = 32                 # running sequences per step
+    max_num_batched_tokens: int = 2048     # new tokens (decodes + prefill chunks) per forward pass
+    max_model_len: int | None = None       # prompt + output cap; default: the model's context length
+    block_size: int = 16                   # tokens per KV block
+    num_blocks: int | None = None          # device-tier blocks; None: sized from kv_cache_memory
+    kv_cache_memory: float = 1.0           # GiB for the device tier when num_blocks is None
+    swap_space: float = 1.0                # GiB of host RAM for swapped-out blocks (the host tier)
+    num_host_blocks: int | None = None     # host-tier blocks; None: sized from swap_space
+    preemption_mode: str = "recompute"     # "recompute" or "swap"
+    max_waiting: int = 1024                # queued requests beyond this are refused as overloaded
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"           # "auto" (model dtype), "float32", "float16", "bfloat16", "int8"
+    host_kv_layers: float = 0.0            # fraction (0..1) of the last layers whose KV lives in host memory
+    host_kv_compute: bool = False          # attend to host-tier layers on the CPU instead of copying per step
+    host_embeddings: bool = False          # token-embedding tables in host RAM (a tied head stays on the device)
+    seed: int = 0                          # engine RNG for requests without their own seed
+    speculative_model: str | None = None   # draft model (folder or file) for speculative decoding; None: off
+    speculative_draft_layers: int | None = None  # keep the draft's first N decoder layers (e.g. the target's own file)
+    num_speculative_tokens: int = 4        # tokens the draft proposes per sequence and step
+
+    def __post_init__(self) -> None:
+        def bad(key: str, want: str) -> InferflowError:
+            return InferflowError(f"engine config: {key} = {getattr(self, key)!r}; expected {want}")
+
+        for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting", "num_speculative_tokens"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise bad(key, "a positive integer")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise bad("preemption_mode", "'recompute' or 'swap'")
+        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16", "int8"):
+            raise bad("kv_cache_dtype", "auto, float32, float16, bfloat16 or int8")
+        if not 0.0 <= float(self.host_kv_layers) <= 1.0:
+            raise bad("host_kv_layers", "a fraction between 0 and 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise bad("num_blocks", "a positive integer or null")
+        if self.speculative_draft_layers is not None and (not isinstance(self.speculative_draft_layers, int)
+                                                          or self.speculative_draft_layers < 1):
+            raise bad("speculative_draft_layers", "a positive integer or null")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, where: str = "engine") -> "EngineConfig":
+        """Build from a config mapping, naming unknown keys."""
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InferflowError(f"{where}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(sorted(known))}")
+        return cls(**d)

@@ -1,0 +1,341 @@
+"""The engine: the one place requests run. Requests come in at any time; each ``step()`` runs one forward pass
+over the scheduler's batch (or one encoder batch of embedding requests), samples, detokenizes, checks stops and
+streams the deltas to the requests' handles. ``start()`` runs the steps on a background thread.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any, Sequence as Seq
+
+import torch
+
+from ..errors import InferflowError
+from ..model.placement import place_embeddings
+from .beam import BeamSearch
+from .config import EngineConfig
+from .embedding import EmbeddingQueue
+from .fill_mask import FillMaskOutput
+from .handle import RequestHandle
+from .intake import RequestIntake
+from .metrics import EngineCounters, render_prometheus, snapshot
+from .model_runner import ModelRunner
+from .outputs import RequestOutput
+from .postprocess import changed, close_text, delta_output, take_token
+from .request import Request, RequestStatus, Sequence
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler, SchedulerOutput
+from .sizing import build_cache, max_model_len
+from .speculative import Speculator, prepare_draft
+
+
+class Overloaded(InferflowError):
+    """The waiting queue is full: the request was refused (retry later)."""
+
+
+class Engine:
+    def __init__(self, model: Any, config: EngineConfig | None = None, draft: Any = None):
+        """``draft``: a speculative-decoding draft Model (else ``config.speculative_model`` names one, or none)."""
+        self.model, self.config = model, config or EngineConfig()
+        self.tokenizer = model.tokenizer
+        self.eos_ids = model._stop_ids()
+        self.max_model_len = max_model_len(model, self.config)
+        vocab = model.params.get("vocab_size")
+        if self.config.host_embeddings:  # before the KV cache is allocated: the tables' VRAM is freed first
+            place_embeddings(model)
+        self.draft = prepare_draft(model, self.config, draft)  # its KV shares the cache's blocks
+        self.cache = build_cache(model, self.config, self.max_model_len, self.draft)
+        self.scheduler = Scheduler(self.config, self.cache)
+        self.runner = ModelRunner(model, self.cache)
+        gen = torch.Generator(device=model.device).manual_seed(self.config.seed)
+        self.sampler = Sampler(vocab or 0, self.eos_ids, generator=gen)
+        self.counters = EngineCounters()
+        self.embeddings = EmbeddingQueue(self)
+        self.intake = RequestIntake(model, self.config, self.max_model_len)
+        self.spec = Speculator(self, self.draft) if self.draft is not None else None
+        self.beams = BeamSearch(self)
+        self._requests: dict[str, Request] = {}
+        self._inbox: deque[Request] = deque()
+        self._aborts: list[str] = []
+        self._lock = threading.Lock()           # inbox, aborts, request ids
+        self._step_lock = threading.RLock()     # one step at a time
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._ids = itertools.count()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, encoder_prompt: str | Seq[int] | None = None,
+                    cache_salt: str | None = None) -> RequestHandle:
+        """Queue a request (thread-safe). Bad input fails the request (finish_reason "error"), not the call;
+        a full waiting queue raises ``Overloaded``."""
+        params = params or SamplingParams()
+        rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
+        req = self.intake.request(rid, prompt, params, encoder_prompt, cache_salt)
+        with self._lock:
+            if rid in self._requests:
+                raise InferflowError(f"request id {rid!r} is already in use")
+            waiting = len(self._inbox) + len(self.scheduler.waiting)
+            if waiting >= self.config.max_waiting:
+                self.counters.requests_rejected += 1
+                raise Overloaded(f"engine overloaded: {waiting} requests are waiting (max_waiting = "
+                                 f"{self.config.max_waiting}); retry later")
+            self._requests[rid] = req
+            self._inbox.append(req)
+        self._wake.set()
+        return RequestHandle(self, req)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (thread-safe): its blocks are freed, its handle gets a final "abort" output."""
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._abort_now(request_id)
+            finally:
+                self._step_lock.release()
+        else:  # a step is running: apply at the start of the next one
+            with self._lock:
+                self._aborts.append(request_id)
+            self._wake.set()
+
+    def _abort_now(self, request_id: str) -> None:
+        with self._lock:
+            req = self._requests.get(request_id)
+            if req is None:
+                return
+            if req in self._inbox:
+                self._inbox.remove(req)
+        req.aborted = True
+        for seq in req.unfinished_seqs:
+            self._finish(seq, "abort")
+        self._emit(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or self.embeddings.pending()
+
+    @property
+    def background(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[Any]:
+        """Run one engine step; returns the RequestOutputs (and EmbeddingOutputs) it produced."""
+        with self._step_lock:
+            t0 = time.perf_counter()
+            emitted: list[Any] = []
+            touched = self._drain()
+            if self.embeddings.pending() and (not self.scheduler.has_work() or not self.embeddings.ran_last):
+                emitted += self.embeddings.run_batch()
+                self._account(t0, 0)
+                return [self._emit(r) for r in touched.values()] + emitted
+            self.embeddings.ran_last = False
+            out = self.scheduler.schedule()
+            for seq, msg in out.failed:
+                self._fail(seq, msg, touched)
+            # a failure ends every sequence of its request, some of which may be scheduled
+            out.scheduled = [sc for sc in out.scheduled if not sc.seq.finished]
+            if out.scheduled:
+                self._run(out, touched)
+                self._account(t0, out.num_tokens)
+            return [self._emit(r) for r in touched.values() if changed(r)]
+
+    def _drain(self) -> dict[str, Request]:
+        """Move new requests to the scheduler (failing the invalid ones) and apply queued aborts."""
+        touched: dict[str, Request] = {}
+        with self._lock:
+            new, self._inbox = list(self._inbox), deque()
+            aborts, self._aborts = self._aborts, []
+        for req in new:
+            if req.error is not None:
+                self._fail(req.seqs[0], req.error, touched)
+                continue
+            self.counters.requests_added += 1
+            self.counters.prompt_tokens += len(req.prompt_ids)
+            self.scheduler.add(req.seqs[0])
+        for rid in aborts:
+            self._abort_now(rid)
+        return touched
+
+    def _run(self, out: SchedulerOutput, touched: dict[str, Request]) -> None:
+        """The forward pass and the sampling of one scheduled batch; failures fail the batch's requests."""
+        for sc in out.scheduled:
+            touched.setdefault(sc.seq.request.request_id, sc.seq.request)
+        spec = self.spec.plan(out) if self.spec is not None else None  # speculating sequences leave ``plain``
+        plain = out if spec is None else spec.plain
+        try:
+            logits = self.runner.run(out.scheduled) if spec is None else self.spec.forward(spec)
+        except Exception as e:  # noqa: BLE001 - a failing batch fails its requests, not the engine
+            for sc in out.scheduled:
+                self._fail(sc.seq, f"forward pass failed: {type(e).__name__}: {e}", touched)
+            return
+        self.scheduler.commit(plain)
+        for sc in out.scheduled:
+            seq = sc.seq
+            self.counters.count_chunk(sc.start, sc.start + sc.num_tokens, len(seq.request.prompt_ids), seq.num_tokens)
+        if spec is not None:
+            self.spec.verify(spec, touched)
+        rows = [sc.seq for sc in plain.scheduled if sc.samples]
+        if rows:
+            self._sample(rows, logits, touched)
+
+    def _sample(self, rows: list[Sequence], logits: torch.Tensor, touched: dict[str, Request]) -> None:
+        """One sampler call for every row; a request's first sample forks its n sequences from one row."""
+        rows, logits = self.beams.take(rows, logits, touched)  # beam-search rows take their own step
+        if not rows:
+            return
+        targets: list[tuple[Sequence, Sequence | None]] = []   # (sequence, parent to fork from)
+        index: list[int] = []
+        for r, seq in enumerate(rows):
+            group = [(seq, None)]
+            if not seq.sampled_before and seq.index == 0 and seq.request.params.n > 1:
+                kids = [self.intake.sequence(seq.request, i) for i in range(1, seq.request.params.n)]
+                seq.request.seqs += kids
+                group += [(kid, seq) for kid in kids]
+            for s, _ in group:
+                s.sampled_before = True
+            targets += group
+            index += [r] * len(group)
+        if len(index) != len(rows):
+            logits = logits[torch.tensor(index, device=logits.device)]
+        if self.sampler.vocab_size == 0:
+            self.sampler.vocab_size = logits.shape[-1]
+        try:
+            res = self.sampler(logits, [s.sampling for s, _ in targets])
+        except Exception as e:  # noqa: BLE001
+            for s, _ in targets:
+                self._fail(s, f"sampling failed: {type(e).__name__}: {e}", touched)
+            return
+        for seq, parent in targets:  # fork before any token can finish (and free) a parent
+            if parent is not None:
+                self.scheduler.fork(parent, seq)
+        for i, (seq, parent) in enumerate(targets):
+            if seq.finished:  # its request failed on an earlier row
+                continue
+            try:
+                top = res.top_logprobs[i] if res.top_logprobs is not None else None
+                self._append(seq, res.tokens[i], res.logprobs[i] if res.logprobs is not None else None, top)
+            except Exception as e:  # noqa: BLE001 - e.g. a detokenizer error fails this request only
+                self._fail(seq, f"{type(e).__name__}: {e}", touched)
+
+    def _append(self, seq: Sequence, tok: int, logprob: float | None, top: list | None) -> None:
+        self.counters.generation_tokens += 1
+        end = take_token(seq, tok, logprob, top, self.eos_ids, self.max_model_len)
+        if end is not None:
+            self._finish(seq, *end)
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        seq.finish_reason, seq.stop_reason = reason, close_text(seq, reason, stop_reason)
+        seq.status = RequestStatus.FINISHED
+        self.scheduler.free(seq)
+
+    def _fail(self, seq: Sequence, message: str, touched: dict[str, Request]) -> None:
+        """Fail a sequence's whole request (its other sequences too): blocks freed, the error reported."""
+        req = seq.request
+        req.error = req.error or message
+        for s in req.unfinished_seqs:
+            self._finish(s, "error")
+        touched[req.request_id] = req
+
+    # ---- outputs --------------------------------------------------------------------------------
+    def _emit(self, req: Request) -> RequestOutput:
+        """The request's delta output: pushed to its stream; a finished request leaves the engine."""
+        ro = delta_output(req)
+        if req.finished:
+            with self._lock:
+                if self._requests.pop(req.request_id, None) is not None:
+                    c = self.counters
+                    c.requests_finished += 1
+                    c.requests_failed += req.error is not None
+                    c.requests_aborted += req.aborted
+            req.cross = {}
+        req.stream.put(ro)
+        return ro
+
+    def _account(self, t0: float, tokens: int) -> None:
+        c = self.counters
+        c.steps += 1
+        c.last_step_time_seconds = time.perf_counter() - t0
+        c.step_time_seconds_total += c.last_step_time_seconds
+        c.last_step_tokens = tokens
+
+    # ---- conveniences ---------------------------------------------------------------------------
+    def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
+                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion (a flat list of ints is one prompt); outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        handles = []
+        for prompt, p in zip(prompts, plist):
+            while True:
+                try:
+                    handles.append(self.add_request(prompt, p))
+                    break
+                except Overloaded:  # pace ourselves: let the queue drain
+                    self._wait_a_step()
+        return [h.result() for h in handles]
+
+    def embed(self, texts: str | Seq[str] | Seq[Seq[int]]) -> torch.Tensor:
+        """Pooled embeddings [n, hidden] float32, computed by encoder batches of the engine."""
+        return self.embeddings.embed(texts)
+
+    def fill_mask(self, texts: str | Seq[str] | Seq[Seq[int]], top_k: int = 5,
+                  mask_token_id: int | None = None) -> list[FillMaskOutput]:
+        """Masked-LM scores (encoder-only models with an MLM head), computed by encoder batches of the engine:
+        per input, the ``top_k`` (rank, token, id, score) at each mask position (fill_mask.py)."""
+        return self.embeddings.fill_mask(texts, top_k, mask_token_id)
+
+    def _wait_a_step(self) -> None:
+        if self.background:
+            time.sleep(0.005)
+        else:
+            self.step()
+
+    def metrics(self) -> dict[str, Any]:
+        m = snapshot(self.counters, self.scheduler)
+        m["waiting"] += len(self._inbox)
+        m["waiting_embeddings"] = self.embeddings.pending()
+        return m
+
+    def metrics_text(self, labels: dict[str, str] | None = None) -> str:
+        """The metrics in Prometheus text format."""
+        return render_prometheus(self.metrics(), labels=labels)
+
+    # ---- background stepping --------------------------------------------------------------------
+    def start(self) -> None:
+        """Step on a background thread (the service's mode); handles then only wait for outputs."""
+        if self.background:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="inferflow-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the background thread (unfinished requests stay; handles can drive them)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._thread = None
+
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._aborts or self.scheduler.has_work() or self.embeddings.pending())
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            if not self._has_work():
+                self._wake.wait(0.1)
+                continue
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - an engine bug: fail what is in flight rather than hang clients
+                with self._step_lock:
+                    touched: dict[str, Request] = {}
+                    for req in list(self._requests.values()):
+                        self._fail(req.seqs[0], f"engine step failed: {type(e).__name__}: {e}", touched)
+                    for req in touched.values():
+                        self._emit(req)

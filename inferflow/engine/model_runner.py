@@ -1,0 +1,93 @@
+"""Turns a scheduled batch into ONE packed forward pass through the paged KV cache.
+
+The new tokens of every scheduled sequence (decodes: one; prefill chunks: many) are concatenated into one
+stream with their positions and KV slots; only the rows that produce a next token (a sequence's last token)
+go through the head. Encoder-decoder requests run their encoder once, at their first step, batched with
+the other new requests of that step; the cross-attention K/V then stay in the request's ``cross`` dict.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..model.pooling import pool_hidden, pooling_for
+from .kv_cache import PagedKVCache
+from .paged_backend import PagedAttentionBackend
+from .scheduler import Scheduled
+
+
+class ModelRunner:
+    def __init__(self, model: Any, cache: PagedKVCache):
+        self.model, self.cache = model, cache
+        self.device = model.device
+        self.encoder_decoder = model.architecture == "encoder_decoder"
+        # a request's encoder ran for this model once its first cross-attention key is in the request's ``cross``
+        # dict (a draft model keeps its own keys in the same dict)
+        self.cross_key = min((m.cache_key for m in model.net.modules() if getattr(m, "cross", False)
+                              and getattr(m, "uses_kv_cache", False)), default=None)
+
+    def run(self, scheduled: Sequence[Scheduled]) -> torch.Tensor:
+        """float32 logits [R, vocab] for the scheduled sequences whose chunk ends at their last token, in order."""
+        return self.forward([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + sc.num_tokens), int(sc.samples))
+                             for sc in scheduled])
+
+    def forward(self, items: Sequence[tuple[Any, int, list[int], int]]) -> torch.Tensor:
+        """One packed pass over ``(sequence, first position, new token ids, rows)`` items: float32 logits of each
+        item's last ``rows`` tokens, in order. The ids need not be the sequence's own (speculative drafts)."""
+        bs = self.cache.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        q_lens, k_lens, tables, rows = [], [], [], []
+        for seq, s, toks, nrows in items:
+            e = s + len(toks)
+            table = seq.block_table
+            ids += toks
+            positions += range(s, e)
+            slots += [table[p // bs] * bs + p % bs for p in range(s, e)]
+            q_lens.append(e - s)
+            k_lens.append(e)
+            tables.append(table)
+            rows += range(len(ids) - nrows, len(ids))
+        cross, enc_out, enc_lens = None, None, None
+        if self.encoder_decoder:
+            cross = [seq.request.cross for seq, *_ in items]
+            new = [seq.request.encoder_ids for seq, *_ in items if self.cross_key not in seq.request.cross]
+            if new:  # every new request's encoder in one batch
+                enc_out, enc_lens = self.model.encode_packed(new)
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
+        backend = PagedAttentionBackend(self.cache, tables, as_long(slots), cross=cross)
+        return self.model.forward_packed(as_long(ids), as_long(positions), q_lens, k_lens, backend,
+                                         encoder_out=enc_out, enc_lens=enc_lens, rows=as_long(rows))
+
+    @torch.inference_mode()
+    def embed(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Pooled embeddings [n, hidden] of an encoder batch, pooled as ``Model.embed`` does."""
+        pool = pooling_for(self.model.source, self.model.spec.data.get("pooling"))
+        hidden, lens = self.model.encode_packed(ids)
+        return pool_hidden(hidden.float(), lens, pool)
+
+    @torch.inference_mode()
+    def encoder_batch(self, ids: Sequence[Sequence[int]],
+                      masks: Sequence[Sequence[int] | None]) -> list[torch.Tensor]:
+        """One encoder pass for a mixed batch: per input, its pooled embedding [hidden] (``masks[i]`` None) or
+        the float32 head logits [M, vocab] at its masked positions ``masks[i]`` (only those rows go through
+        the head: an MLM head's vocab projection is the costly part)."""
+        hidden, lens = self.model.encode_packed(ids)
+        out: list[torch.Tensor] = [None] * len(lens)  # type: ignore[list-item]
+        if any(m is None for m in masks):
+            pool = pooling_for(self.model.source, self.model.spec.data.get("pooling"))
+            vecs = pool_hidden(hidden.float(), lens, pool)
+            for i, m in enumerate(masks):
+                if m is None:
+                    out[i] = vecs[i]
+        starts = [sum(lens[:i]) for i in range(len(lens))]
+        rows = [starts[i] + p for i, m in enumerate(masks) if m is not None for p in m]
+        if rows:
+            logits = self.model.head_logits(hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
+            parts = iter(logits.split([len(m) for m in masks if m is not None]))
+            for i, m in enumerate(masks):
+                if m is not None:
+                    out[i] = next(parts)
+        return out

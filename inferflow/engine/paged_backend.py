@@ -1,0 +1,203 @@
+"""Attention through the paged KV cache: the engine's ``AttentionBackend``.
+
+Every new token's K/V is written at its slot (``slot_mapping``); each sequence then attends to its
+first ``k_len`` keys, read through its block table, with the queries at key indices
+``k_len - q_len .. k_len - 1`` (so chunked prefill on top of cached blocks just works).
+
+Decode rows (q_len == 1), the bulk of a memory-bound serving step, run as ONE padded gather and ONE
+attention call for all of them: the causal limit, the sliding window and ALiBi / relative biases
+become per-row key masks and a bias evaluated with one query index per row. Prefill chunks run one
+sequence at a time (a chunk that is the whole sequence uses its fresh K/V without a gather). Index
+tensors are built once per forward and shared by all layers; no device->host syncs happen here.
+
+Cost on a GPU (H200, bf16, 64 sequences x 1k keys, 8 KV heads x 128): ~0.21 ms per layer, i.e. the
+gather (read + write of the K/V) plus SDPA reading it again; a fused paged kernel would read it once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from ..errors import InferflowError
+from ..model.context import AttentionBackend, BiasFn, ForwardContext, attention_core
+from .kv_cache import PagedKVCache
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The batch layout of one forward, shared by its layers."""
+
+    ctx: ForwardContext
+    starts: list[int]                               # first token of each row in the packed stream
+    dec: list[int]                                  # rows batched as decodes
+    seqs: list[tuple[int, int, int, int, int]]      # (row, start, end, q_len, k_len) of the other rows
+    pure: bool                                      # every row is in ``dec`` (and in order)
+    ragged: bool                                    # decode rows differ in k_len (a key mask is needed)
+    lmax: int = 0
+    memo: dict = field(default_factory=dict)        # (name, device) -> tensor
+
+
+class PagedAttentionBackend(AttentionBackend):
+    """Self-attention over paged K/V; cross-attention K/V kept per request in ``cross`` dicts.
+
+    block_tables: per sequence (batch order) its device block ids, as lists or as one padded
+    [B, max_blocks] LongTensor (saves converting every block id each step). slot_mapping: [N] the slot
+    of each new token (``PagedKVCache.slot_mapping`` builds it). cross: per sequence a dict (attention
+    cache_key -> (k, v)) owned by the request; keys missing there are computed from ``ctx.encoder_out``,
+    which packs the encoder outputs of exactly the sequences missing them, in batch order, and stored
+    into the dicts.
+    Layers the cache does not hold (an encoder run through this backend) get plain uncached attention.
+    """
+
+    def __init__(self, cache: PagedKVCache, block_tables: list[list[int]] | torch.Tensor, slot_mapping: torch.Tensor,
+                 cross: list[dict] | None = None):
+        super().__init__()
+        self.cache, self.block_tables, self.slot_mapping, self.cross = cache, block_tables, slot_mapping, cross
+        self._plan: _Plan | None = None
+        self._dense = AttentionBackend()
+
+    # ---- per-forward layout ---------------------------------------------------------------------
+    def _plan_for(self, ctx: ForwardContext) -> _Plan:
+        p = self._plan
+        if p is not None and p.ctx is ctx:
+            return p
+        if len(self.block_tables) != len(ctx.q_lens):
+            raise InferflowError(f"paged attention: {len(self.block_tables)} block tables for {len(ctx.q_lens)} sequences")
+        dec = [i for i, n in enumerate(ctx.q_lens) if n == 1]
+        if len(dec) < 2:
+            dec = []
+        seqs, starts, start, in_dec = [], [], 0, set(dec)
+        for i, (ql, kl) in enumerate(zip(ctx.q_lens, ctx.k_lens)):
+            if i not in in_dec:
+                seqs.append((i, start, start + ql, ql, kl))
+            starts.append(start)
+            start += ql
+        dk = [ctx.k_lens[i] for i in dec]
+        p = self._plan = _Plan(ctx, starts, dec, seqs, pure=not seqs, ragged=bool(dk) and min(dk) != max(dk),
+                               lmax=max(dk, default=0))
+        return p
+
+    def _on(self, p: _Plan, name, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A per-forward index/mask tensor, built once and copied once to each device that needs it."""
+        t = p.memo.get((name, device))
+        if t is None:
+            base = p.memo.get((name, None))
+            if base is None:
+                base = p.memo[(name, None)] = make()
+            t = p.memo[(name, device)] = base.to(device)
+        return t
+
+    def _dec_base(self, p: _Plan) -> None:
+        """The decode rows' padded slot indices, key mask, query and key positions (on the cache's device)."""
+        if ("dec_idx", None) in p.memo:
+            return
+        lens = [p.ctx.k_lens[i] for i in p.dec]
+        dev = self.cache.device
+        tables = self.block_tables
+        if isinstance(tables, torch.Tensor):
+            rows = tables if p.pure else tables.index_select(0, torch.tensor(p.dec, device=tables.device))
+        else:
+            rows = [tables[i] for i in p.dec]
+        idx, mask = self.cache.slot_index(rows, lens, dev)
+        p.memo.update({("dec_idx", None): idx, ("dec_mask", None): mask,
+                       ("dec_qpos", None): torch.tensor(lens).to(dev) - 1,
+                       ("dec_kpos", None): torch.arange(p.lmax, device=dev)})
+
+    def _dec(self, p: _Plan, name, device: torch.device) -> torch.Tensor:
+        self._dec_base(p)
+        return self._on(p, name, device, lambda: None)
+
+    # ---- self-attention -------------------------------------------------------------------------
+    def self_attention(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, *,
+                       causal: bool, scale: float, window: int | None = None, softcap: float | None = None,
+                       bias_fn: BiasFn | None = None) -> torch.Tensor:
+        """q: [N, H, D], k/v: [N, Hkv, D] for the new tokens; returns [N, H, D]."""
+        kv = self.cache
+        if not kv.has_layer(key):
+            return self._dense.self_attention(key, q, k, v, ctx, causal=causal, scale=scale, window=window,
+                                              softcap=softcap, bias_fn=bias_fn)
+        p = self._plan_for(ctx)
+        sdev, cdev = kv.storage_device(key), kv.compute_device(key)
+        kv.write(key, self._on(p, "slots", sdev, lambda: self.slot_mapping), k, v)
+        qc = q if q.device == cdev else q.to(cdev)
+        args = (causal, scale, window, softcap, bias_fn)
+        if p.pure:
+            out = self._decode(key, p, qc, sdev, cdev, *args)
+        else:
+            out = torch.empty_like(qc)
+            if p.dec:
+                tok = self._on(p, "dec_tok", cdev, lambda: torch.tensor([p.starts[i] for i in p.dec]).to(kv.device))
+                out.index_copy_(0, tok, self._decode(key, p, qc.index_select(0, tok), sdev, cdev, *args))
+            for row, s, e, ql, kl in p.seqs:
+                if ql == kl:  # the whole sequence is new: attend to the fresh K/V
+                    ki, vi = k[s:e].to(cdev), v[s:e].to(cdev)
+                else:
+                    idx = self._on(p, ("seq", row), sdev,
+                                   lambda: kv.seq_index(self.block_tables[row], kl))  # noqa: B023
+                    ki, vi = kv.gather_idx(key, idx)
+                bias = None
+                if bias_fn is not None:
+                    bias = bias_fn(torch.arange(kl - ql, kl, device=cdev), torch.arange(kl, device=cdev))
+                o = attention_core(qc[s:e].transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
+                                   q_start=kl - ql, causal=causal, scale=scale, window=window, softcap=softcap,
+                                   bias=bias)
+                out[s:e] = o[0].transpose(0, 1)
+        return out if out.device == q.device else out.to(q.device)
+
+    def _decode(self, key: int, p: _Plan, q: torch.Tensor, sdev: torch.device, cdev: torch.device, causal: bool,
+                scale: float, window: int | None, softcap: float | None, bias_fn: BiasFn | None) -> torch.Tensor:
+        """One gather + one attention call for all decode rows; q: [Bd, H, D] -> [Bd, H, D]."""
+        k, v = self.cache.gather_idx(key, self._dec(p, "dec_idx", sdev))
+        k, v = k.transpose(1, 2), v.transpose(1, 2)   # [Bd, Hkv, Lmax, D]
+        mask = self._dec(p, "dec_mask", cdev) if p.ragged else None
+        if window is not None:  # keys with q_pos - k_pos < window only
+            memo = p.memo
+            mask = self._on(p, ("dec_win", window), cdev, lambda: memo[("dec_mask", None)] & (
+                memo[("dec_kpos", None)][None, :] > memo[("dec_qpos", None)][:, None] - window))
+        bias = None
+        if bias_fn is not None:  # one query index per row: [H, Bd, Lmax] -> [Bd, H, 1, Lmax]
+            bias = bias_fn(self._dec(p, "dec_qpos", cdev), self._dec(p, "dec_kpos", cdev)).transpose(0, 1)[:, :, None, :]
+        o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, bias=bias,
+                           key_mask=mask)
+        return o[:, :, 0, :]
+
+    # ---- cross-attention ------------------------------------------------------------------------
+    def cross_kv(self, key: int, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                 ctx: ForwardContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-sequence encoder K/V: from the request's dict, else computed once and stored there."""
+        cross = self.cross
+        if cross is None:  # nothing kept: compute for this forward only
+            return self._dense.cross_kv(key, compute, ctx)
+        if len(cross) != len(ctx.q_lens):
+            raise InferflowError(f"paged attention: {len(cross)} cross dicts for {len(ctx.q_lens)} sequences")
+        missing = [i for i, d in enumerate(cross) if key not in d]
+        if missing:
+            if ctx.encoder_out is None or ctx.enc_lens is None or len(ctx.enc_lens) != len(missing):
+                got = None if ctx.enc_lens is None else len(ctx.enc_lens)
+                raise InferflowError(f"paged attention: {len(missing)} sequence(s) lack cross K/V of layer {key}; "
+                                     f"encoder outputs given for {got}")
+            k, v = compute()
+            ks, vs = self._split(k, ctx.enc_lens), self._split(v, ctx.enc_lens)
+            for i, ki, vi in zip(missing, ks, vs):
+                # clone when split: a view would keep the whole packed batch alive with the request
+                cross[i][key] = (ki.clone(), vi.clone()) if len(missing) > 1 else (ki, vi)
+        return [d[key] for d in cross]
+
+    def cross_attention(self, key: int, q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
+                        ctx: ForwardContext, *, scale: float, softcap: float | None = None) -> torch.Tensor:
+        """Decode batches attend to their (padded) encoder K/V in one call; other batches per sequence."""
+        if len(kv) < 2 or any(n != 1 for n in ctx.q_lens):
+            return super().cross_attention(key, q, kv, ctx, scale=scale, softcap=softcap)
+        lens = [ki.shape[0] for ki, _ in kv]
+        k = pad_sequence([ki for ki, _ in kv], batch_first=True).transpose(1, 2)
+        v = pad_sequence([vi for _, vi in kv], batch_first=True).transpose(1, 2)
+        mask = None
+        if min(lens) != max(lens):
+            p = self._plan_for(ctx)
+            mask = self._on(p, ("enc_mask", tuple(lens)), q.device,
+                            lambda: torch.arange(max(lens))[None, :] < torch.tensor(lens)[:, None])
+        o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, key_mask=mask)
+        return o[:, :, 0, :]

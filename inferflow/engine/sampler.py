@@ -1,0 +1,311 @@
+"""The batched sampler: logit processors, truncation samplers, mirostat, FSD, EOS bypassing, logprobs.
+
+One call handles a whole decode batch ``[B, V]``. Per-row settings become ``[B]`` tensors once per call and every
+stage runs on the whole group of rows with masks (a row that does not use a stage passes through unchanged).
+The truncation samplers share ONE descending sort of the logits; mirostat is masked like the others; only FSD
+loops over its rows (its n-gram penalty is a Python dictionary walk over a handful of candidates).
+
+Randomness is an exponential race: ``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d. per token is an exact sample from
+``p`` (equivalently ``argmax(logit - log q)``, the Gumbel-max trick). Each seeded row draws its ``V`` numbers from
+its own ``torch.Generator`` only, the same count every step, so its tokens do not depend on the rest of the batch
+or on its row position; unseeded rows share the sampler's generator (or torch's default one).
+
+The sampler mutates the per-sequence state it is given: ``mirostat_mu``, ``eos_bypassed`` and the FSD n-gram
+model; the engine appends the returned token to ``output_ids``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .logits_processors import NEG_INF, NGramPenalty, apply_processors
+from .sampling_params import SamplingParams
+
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (dividing by them overflows nothing, but means nothing)
+
+
+@dataclass(slots=True)
+class SeqSampling:
+    """Mutable per-sequence sampling state the engine keeps with a sequence."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None
+    mirostat_mu: float | None = None        # mirostat v2's running surprise cap; starts at 2 * tau
+    eos_bypassed: int = 0                   # EOS tokens replaced so far (eos_bypass_max)
+    fsd_ngram: NGramPenalty | None = None   # FSD's n-gram model, updated incrementally
+
+    @classmethod
+    def create(cls, params: SamplingParams, prompt_ids: list[int], device: str | torch.device = "cpu",
+               index: int = 0) -> "SeqSampling":
+        """Fresh state; a seeded request gets its own generator (on ``device``, where its noise is drawn), seeded
+        ``seed + index`` so the n parallel samples of one request differ (vLLM's rule for n > 1)."""
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(int(params.seed) + index)
+        return cls(params, list(prompt_ids), [], gen)
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    tokens: list[int]
+    logprobs: list[float] | None                          # raw-logit logprob of each chosen token
+    top_logprobs: list[list[tuple[int, float]]] | None    # per row, its top-N (N = params.logprobs)
+
+
+def _col(values: list[float], device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)[:, None]
+
+
+def top_k_filter(s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Top-k (Fan et al. 2018): keep the k most probable tokens. ``s`` sorted descending; ``k`` [n, 1] (V: off)."""
+    return s.masked_fill(torch.arange(s.shape[1], device=s.device) >= k, NEG_INF)
+
+
+def top_p_filter(s: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus (Holtzman et al. 2020): keep the smallest prefix of the sorted tokens whose mass is >= p, i.e.
+    drop a token once the mass before it already reaches p (the top token always stays). ``top_p`` [n, 1]."""
+    probs = torch.softmax(s, -1)
+    before = torch.cat([torch.zeros_like(probs[:, :1]), probs.cumsum(-1)[:, :-1]], 1)
+    return s.masked_fill((before >= top_p) & (top_p < 1.0), NEG_INF)
+
+
+def min_p_filter(s: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Min-p (Nguyen et al. 2024): keep tokens with ``p >= min_p * p_max`` (``s`` sorted: p_max is column 0)."""
+    probs = torch.softmax(s, -1)
+    return s.masked_fill(probs < min_p * probs[:, :1], NEG_INF)
+
+
+def typical_filter(s: torch.Tensor, typical_p: torch.Tensor) -> torch.Tensor:
+    """Locally typical sampling (Meier et al. 2022): rank tokens by ``|-log p - H|`` (H the entropy) and keep the
+    smallest set, in that order, whose mass is >= typical_p.
+
+    No second sort: along the descending-probability order ``R = -log p - H`` is non-decreasing, so the score
+    ``|R|`` falls then rises and the typical order merges two monotone runs (left of the crossing, walked
+    backwards, and right of it). Each token's rank in that merge comes from one batched searchsorted; ties
+    between the runs go to the more probable (left) token."""
+    V = s.shape[1]
+    logp = torch.log_softmax(s, -1)
+    p = logp.exp()
+    H = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1, keepdim=True)
+    R = (-logp - H).contiguous()                       # +inf for removed tokens (they rank last)
+    c = (R < 0).sum(-1, keepdim=True)                  # the crossing: tokens more probable than "typical"
+    pos = torch.arange(V, device=s.device)
+    below = torch.searchsorted(R, (-R).contiguous(), side="left")  # #{k: R_k < -R_j}
+    rank = torch.where(pos < c, (c - 1 - pos) + below - c, pos - below)
+    mass = torch.zeros_like(p).scatter_(1, rank, p)
+    before = torch.cat([torch.zeros_like(p[:, :1]), mass.cumsum(-1)[:, :-1]], 1).gather(1, rank)
+    return s.masked_fill((before >= typical_p) & (typical_p < 1.0), NEG_INF)
+
+
+def tail_free_filter(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Tail-free sampling (T. Bricken, 2019, "Tail-Free Sampling"): on the sorted candidate probabilities, the
+    absolute second differences ``|p[i] - 2 p[i+1] + p[i+2]|`` (the curvature at token i+1), normalised to sum 1,
+    accumulate along the tail; token j (1 <= j <= n-2) stays while that sum up to its own curvature is <= z,
+    the top token always stays and the last candidate goes (it has no curvature). Flat distributions (no
+    curvature) use uniform weights, as llama.cpp does. Computed over the n tokens earlier stages kept."""
+    n_rows, V = s.shape
+    if V < 3:
+        return s
+    p = torch.softmax(s, -1)
+    n = torch.isfinite(s).sum(-1, keepdim=True)
+    valid = torch.arange(V - 2, device=s.device) < n - 2
+    d2 = (p[:, :-2] - 2 * p[:, 1:-1] + p[:, 2:]).abs() * valid
+    total = d2.sum(-1, keepdim=True)
+    w = torch.where(total > 1e-6, d2 / total.clamp_min(1e-30), valid / (n - 2).clamp_min(1))
+    keep = torch.zeros_like(s, dtype=torch.bool)
+    keep[:, 0] = True
+    keep[:, 1:-1] = (w.cumsum(-1) <= z) & valid
+    keep |= (n <= 2) & torch.isfinite(s)
+    return s.masked_fill(~keep & (z < 1.0), NEG_INF)
+
+
+def mirostat_filter(s: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """Mirostat v2 truncation (Basu et al. 2021; llama.cpp / Inferflow's v2): drop tokens whose surprise
+    ``-log2 p`` exceeds ``mu`` (the top token always stays). The mu update follows the draw (see Sampler)."""
+    surprise = -torch.log_softmax(s, -1) / math.log(2.0)
+    drop = surprise > mu
+    drop[:, 0] = False
+    return s.masked_fill(drop, NEG_INF)
+
+
+def _kind(p: SamplingParams) -> str:
+    """Which path a row takes. FSD (fsd_alpha > 0) and mirostat (mirostat == 2) are their own samplers; greedy is
+    the argmax of the processed logits (temperature < 1e-5, or top_k == 1); everything else draws from
+    ``softmax(logits / temperature)`` (temperature sampling, Ackley et al. 1985) after the truncation stages."""
+    if p.fsd_alpha > 0.0:
+        return "fsd"
+    if p.mirostat == 2:
+        return "mirostat"
+    if p.temperature < GREEDY_BELOW or p.top_k == 1:
+        return "greedy"
+    return "random"
+
+
+class Sampler:
+    """Chooses one token per row of a ``[B, V]`` logits batch; see the module docstring."""
+
+    def __init__(self, vocab_size: int, eos_ids: set[int], *, generator: torch.Generator | None = None):
+        self.vocab_size = vocab_size
+        self.eos_ids = set(int(i) for i in eos_ids)
+        self.generator = generator  # noise for unseeded rows; None: torch's default generator
+
+    def __call__(self, logits: torch.Tensor, seqs: list[SeqSampling]) -> SampleOutput:
+        B, V = logits.shape
+        dev = logits.device
+        logits = logits.float()
+        params = [sq.params for sq in seqs]
+        raw_lp = torch.log_softmax(logits, -1) if any(p.logprobs is not None for p in params) else None
+        x = self.process(logits, seqs)
+
+        kinds = [_kind(p) for p in params]
+        tokens = x.argmax(-1)            # greedy rows keep this
+        final = x                        # each row's candidate scores (-inf = not a candidate), for EOS bypass
+        rnd = [b for b in range(B) if kinds[b] in ("random", "mirostat")]
+        if rnd:
+            filtered = self.truncate(x[rnd], [seqs[b] for b in rnd])
+            q = self._noise([seqs[b] for b in rnd], V, dev)
+            idx = torch.tensor(rnd, device=dev)
+            tokens = tokens.index_copy(0, idx, (filtered - q.clamp_min(1e-30).log()).argmax(-1))
+            final = final.index_copy(0, idx, filtered)
+        fsd = [b for b in range(B) if kinds[b] == "fsd"]
+        if fsd:
+            final = final.clone()
+            for b in fsd:
+                tokens[b], final[b] = self._fsd(x[b], seqs[b])
+
+        out = tokens.tolist()
+        self._bypass_eos(out, final, seqs)
+        self._update_mirostat(out, final, seqs, kinds)
+        return SampleOutput(out, *self._logprobs(raw_lp, out, params))
+
+    def process(self, logits: torch.Tensor, seqs: list[SeqSampling]) -> torch.Tensor:
+        """The logit processors' output for float32 ``logits`` (a row they mask entirely falls back to the raw
+        logits); greedy picks its argmax, the samplers truncate it (speculative decoding scores drafts with it)."""
+        V, dev = logits.shape[1], logits.device
+        vocab = min(self.vocab_size or V, V)  # columns past the tokenizer's vocabulary are padding
+        x = apply_processors(logits, [sq.params for sq in seqs], [(sq.prompt_ids, sq.output_ids) for sq in seqs],
+                             self.eos_ids, vocab)
+        dead = torch.isneginf(x).all(-1, keepdim=True)  # everything masked (e.g. allowed ids all EOS + min_tokens)
+        if bool(dead.any()):
+            fallback = logits if V <= vocab else logits.masked_fill(torch.arange(V, device=dev) >= vocab, NEG_INF)
+            x = torch.where(dead, fallback, x)
+        return x
+
+    def truncate(self, x: torch.Tensor, seqs: list[SeqSampling]) -> torch.Tensor:
+        """The logits each (random or mirostat) row samples from: temperature, then top-k -> top-p -> min-p ->
+        typical -> tail-free, or mirostat's cut, all over one sort; removed tokens at -inf."""
+        params = [sq.params for sq in seqs]
+        n, V = x.shape
+        dev = x.device
+        miro = [p.mirostat == 2 for p in params]
+        temp = [p.temperature if p.temperature >= GREEDY_BELOW else 1.0 for p in params]
+        x = x / _col(temp, dev)
+        # mirostat replaces the truncation samplers, so its rows' settings read as "off"
+        k = [V if m or p.top_k <= 0 else min(p.top_k, V) for p, m in zip(params, miro)]
+        top_p = [1.0 if m else p.top_p for p, m in zip(params, miro)]
+        min_p = [0.0 if m else p.min_p for p, m in zip(params, miro)]
+        typ = [1.0 if m else p.typical_p for p, m in zip(params, miro)]
+        tfs = [1.0 if m else p.tfs_z for p, m in zip(params, miro)]
+        for sq, m in zip(seqs, miro):
+            if m and sq.mirostat_mu is None:
+                sq.mirostat_mu = 2.0 * sq.params.mirostat_tau
+        need = [i for i in range(n) if miro[i] or k[i] < V or top_p[i] < 1 or min_p[i] > 0 or typ[i] < 1
+                or tfs[i] < 1]
+        if not need:
+            return x
+        s, order = torch.sort(x[need], dim=-1, descending=True)  # the one sort
+        sel = lambda vals: [vals[i] for i in need]  # noqa: E731
+        if any(v < V for v in sel(k)):
+            s = top_k_filter(s, _col(sel(k), dev, torch.long))
+        if any(v < 1 for v in sel(top_p)):
+            s = top_p_filter(s, _col(sel(top_p), dev))
+        if any(v > 0 for v in sel(min_p)):
+            s = min_p_filter(s, _col(sel(min_p), dev))
+        if any(v < 1 for v in sel(typ)):
+            s = typical_filter(s, _col(sel(typ), dev))
+        if any(v < 1 for v in sel(tfs)):
+            s = tail_free_filter(s, _col(sel(tfs), dev))
+        if any(sel(miro)):
+            mu = [seqs[i].mirostat_mu if miro[i] else math.inf for i in need]
+            s = mirostat_filter(s, _col(mu, dev))
+        idx = torch.tensor(need, device=dev)
+        return x.index_copy(0, idx, torch.full_like(s, NEG_INF).scatter_(1, order, s))
+
+    def _noise(self, seqs: list[SeqSampling], V: int, dev: torch.device) -> torch.Tensor:
+        """``[n, V]`` Exp(1) draws: a seeded row from its own generator only (V draws every step)."""
+        q = torch.empty(len(seqs), V, device=dev)
+        shared = [i for i, sq in enumerate(seqs) if sq.generator is None]
+        if shared:
+            g = self.generator
+            gdev = g.device if g is not None else dev
+            q[shared] = torch.empty(len(shared), V, device=gdev).exponential_(generator=g).to(dev)
+        for i, sq in enumerate(seqs):
+            if sq.generator is not None:
+                q[i] = torch.empty(V, device=sq.generator.device).exponential_(generator=sq.generator).to(dev)
+        return q
+
+    def _fsd(self, x: torch.Tensor, sq: SeqSampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frustratingly Simple Decoding (Yang et al. 2023, arXiv 2305.12675; Inferflow's ``fsd``): the top-k
+        candidates of ``p = softmax(logits / T)`` are scored ``(1 - alpha) * p - alpha * penalty`` with the
+        n-gram anti-LM penalty over prompt + output (back-off beta), and the best score wins (deterministic).
+        Inferflow takes p over a 50-token pool; here p is over the whole vocabulary, as in the paper."""
+        p = sq.params
+        probs = torch.softmax(x / (p.temperature if p.temperature >= GREEDY_BELOW else 1.0), -1)
+        top, cand = probs.topk(max(1, min(p.fsd_k, x.shape[0])))
+        if sq.fsd_ngram is None or sq.fsd_ngram.n != p.fsd_n:
+            sq.fsd_ngram = NGramPenalty(p.fsd_n, p.fsd_beta)
+        sq.fsd_ngram.sync(sq.prompt_ids, sq.output_ids)
+        pen = torch.tensor(sq.fsd_ngram.penalties(cand.tolist()), dtype=top.dtype, device=top.device)
+        score = ((1 - p.fsd_alpha) * top - p.fsd_alpha * pen).masked_fill(top <= 0, NEG_INF)
+        row = torch.full_like(x, NEG_INF).scatter_(0, cand, score)
+        return cand[score.argmax()], row
+
+    def _bypass_eos(self, tokens: list[int], final: torch.Tensor, seqs: list[SeqSampling]) -> None:
+        """Inferflow's EOS bypassing: up to ``eos_bypass_max`` times per sequence, a chosen EOS is replaced by
+        the best non-EOS candidate of that row (kept by its samplers; for greedy rows any token). Nothing
+        happens when EOS was the only candidate."""
+        rows = [b for b, t in enumerate(tokens) if t in self.eos_ids
+                and seqs[b].eos_bypassed < seqs[b].params.eos_bypass_max]
+        if not rows:
+            return
+        V = final.shape[1]
+        cand = final[rows].clone()
+        cand[:, [e for e in self.eos_ids if e < V]] = NEG_INF
+        best_val, best = cand.max(-1)
+        for i, b in enumerate(rows):
+            if math.isfinite(float(best_val[i])):
+                tokens[b] = int(best[i])
+                seqs[b].eos_bypassed += 1
+
+    def _update_mirostat(self, tokens: list[int], final: torch.Tensor, seqs: list[SeqSampling],
+                         kinds: list[str]) -> None:
+        """mu <- mu - eta * (surprise - tau), surprise = -log2 of the chosen token's probability in the truncated,
+        renormalised distribution it was drawn from (llama.cpp / Inferflow)."""
+        rows = [b for b, k in enumerate(kinds) if k == "mirostat"]
+        if not rows:
+            return
+        chosen = torch.tensor([[tokens[b]] for b in rows], device=final.device)
+        lp = torch.log_softmax(final[rows], -1).gather(1, chosen)
+        for b, v in zip(rows, lp[:, 0].tolist()):
+            p = seqs[b].params
+            seqs[b].mirostat_mu -= p.mirostat_eta * (-v / math.log(2.0) - p.mirostat_tau)
+
+    def _logprobs(self, raw_lp: torch.Tensor | None, tokens: list[int], params: list[SamplingParams]
+                  ) -> tuple[list[float] | None, list[list[tuple[int, float]]] | None]:
+        """log_softmax of the raw model logits (vLLM's default): chosen token and the top-N per row."""
+        if raw_lp is None:
+            return None, None
+        chosen = raw_lp.gather(1, torch.tensor(tokens, device=raw_lp.device)[:, None])[:, 0].tolist()
+        n_max = max((p.logprobs or 0) for p in params)
+        top: list[list[tuple[int, float]]] = [[] for _ in params]
+        if n_max > 0:
+            vals, ids = raw_lp.topk(min(n_max, raw_lp.shape[1]), dim=-1)
+            vals, ids = vals.tolist(), ids.tolist()
+            for b, p in enumerate(params):
+                top[b] = list(zip(ids[b][:p.logprobs or 0], vals[b][:p.logprobs or 0]))
+        return chosen, top

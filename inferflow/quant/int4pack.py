@@ -1,0 +1,184 @@
+"""ggml 4-bit blocks repacked for torch's CPU int4 weight-only matmul (``_weight_int4pack_mm_for_cpu``).
+
+The kernel computes ``y = x @ W^T`` with ``W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n]`` for 4-bit codes
+``q`` and one (scale, zero) pair per 32 inputs (group ``g = k // 32``). Three ggml types map onto it exactly
+(the codes are the file's own nibbles; only the per-group affine is rewritten):
+
+    Q4_0  w = d * (q - 8)                     scale = d          zero = 0
+    Q4_1  w = d * q + m                       scale = d          zero = m + 8 d
+    Q4_K  w = (d sc_j) q - (dmin m_j)         scale = d sc_j     zero = 8 d sc_j - dmin m_j  (sub-block j of 32)
+
+Memory: 4 bits of code + 2 bf16 (scale, zero) per 32 weights = 5.0 bits per weight (Q4_0's 4.5 grows by the zero;
+Q4_1 stays 5.0, Q4_K's 4.5 becomes 5.0). The kernel is fast only with bf16 activations and bf16 scales (fp32
+activations take its scalar path, 20-50x slower), so results are within bf16 tolerance of the exact dequantized
+product, not bit-exact: x, scale and zero are rounded to bf16 and the output comes back in bf16 (measured relative
+error in tests/test_cpu_kernels.py and tools/bench_quant_linear.py).
+
+The packed byte layout is the kernel's own and depends on the CPU build (AVX-512 packs 64 rows per block, AVX2 32).
+The large-batch path (:func:`matmul_dequantized`) and :func:`unpack_codes` invert it; the layout is chosen by
+packing a probe at first use and checking which known layout reproduces it, so an unknown layout disables only
+that inverse (the kernel itself is always fed through torch's own packer).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import ggml
+
+GROUP = 32
+TYPES = (ggml.Q4_0, ggml.Q4_1, ggml.Q4_K)
+# Rows repacked per call at load: a multiple of every layout's row block (64, 32), so the packed chunks
+# concatenate into the packing of the whole matrix; bounds the transient int32 code matrix (~9 MiB at K = 576).
+_PACK_ROWS = 4096
+
+
+def available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and \
+        hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+
+
+def supports(qtype: int, shape: tuple[int, ...]) -> bool:
+    """True when a 2-D weight of this type and shape can be repacked (the kernel needs N % 16 == 0)."""
+    return qtype in TYPES and len(shape) == 2 and shape[0] % 16 == 0 and shape[1] % GROUP == 0 and available()
+
+
+def _codes_and_affine(blocks: torch.Tensor, qtype: int, rows: int, cols: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw blocks of ``rows`` rows -> (codes int32 [rows, cols] in 0..15, scale and zero float32 [rows, cols/32])."""
+    _, nbytes = ggml.block_size(qtype)
+    b = blocks.reshape(-1, nbytes)
+    if qtype == ggml.Q4_K:
+        n = b.shape[0]
+        sc, mn = ggml._scale_min_k4(ggml._field(b, 4, 16))
+        scale = ggml._f16(b, 0) * sc                           # [n, 8]: d * sc_j, as the dequantizer forms it
+        zero = 8 * scale - ggml._f16(b, 2) * mn                 # 8 d sc_j - dmin m_j
+        low = ggml._field(b, 16, 144).view(n, 4, 1, 32)
+        q = (low >> ggml._u8(0, 4, shape=(1, 1, 2, 1), device=b.device)) & 0x0F  # sub-block 2c low, 2c+1 high
+    else:
+        off = 2 if qtype == ggml.Q4_0 else 4
+        q = ggml._nibbles(ggml._field(b, off, off + 16))
+        scale = ggml._f16(b, 0)
+        zero = torch.zeros_like(scale) if qtype == ggml.Q4_0 else ggml._f16(b, 2) + 8 * scale
+    g = cols // GROUP
+    return q.reshape(rows, cols).to(torch.int32), scale.reshape(rows, g), zero.reshape(rows, g)
+
+
+def pack(blocks: torch.Tensor, qtype: int, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml blocks of a [N, K] weight -> (kernel-packed codes uint8 [N, K/2], scale_and_zero bf16 [K/32, N, 2])."""
+    rows, cols = shape
+    blocks = blocks.reshape(rows, -1)
+    packed, affine = [], []
+    for r in range(0, rows, _PACK_ROWS):
+        q, s, z = _codes_and_affine(blocks[r:r + _PACK_ROWS], qtype, min(_PACK_ROWS, rows - r), cols)
+        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1))
+        affine.append(torch.stack([s, z], dim=-1))
+    sz = torch.cat(affine, dim=0).transpose(0, 1).to(torch.bfloat16).contiguous()
+    return torch.cat(packed, dim=0), sz
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """``x @ W^T`` through the kernel: x [..., K] in any float dtype -> [..., N] in x's dtype (computed in bf16)."""
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, GROUP, sz)
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
+# ---- the inverse of the kernel's byte layout ----------------------------------------------------------------
+# (block rows, how a full block pairs its rows): "halves" puts row r and row r + block/2 in one byte (AVX-512,
+# AVX2 builds), "pairs" rows 2i and 2i + 1 (scalar builds, and every build's partial last block). Within a
+# block the bytes run over k first: [K, block/2], low nibble = the first row of the pair. So each block unpacks
+# to its transposed codes [K, block] in natural row order with one interleave: no transpose is ever copied.
+_LAYOUTS = ((64, "halves"), (32, "halves"), (32, "pairs"))
+
+
+def _blocks_t(packed: torch.Tensor, rows: int, cols: int, layout: tuple[int, str]) -> list[torch.Tensor]:
+    """Transposed codes, uint8 [n_blocks, K, block] for the whole row blocks and [1, K, tail] for a partial one."""
+    block, scheme = layout
+    flat = packed.reshape(-1)
+    full, tail = divmod(rows, block)
+    parts = []
+    if full:
+        b = flat[:full * block * cols // 2].view(full, cols, block // 2)
+        parts.append(torch.stack([b & 0x0F, b >> 4], dim=2 if scheme == "halves" else 3).view(full, cols, block))
+    if tail:
+        b = flat[full * block * cols // 2:].view(1, cols, tail // 2)
+        parts.append(torch.stack([b & 0x0F, b >> 4], dim=3).view(1, cols, tail))
+    return parts
+
+
+@functools.lru_cache(maxsize=None)
+def _layout() -> tuple[int, str] | None:
+    """The layout this build's packer uses, found by packing a probe with whole and partial blocks of each size."""
+    if not available():
+        return None
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randint(0, 16, (112, 64), dtype=torch.int32, generator=gen)  # 112 = 64 + 48 = 3 * 32 + 16
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for layout in _LAYOUTS:
+        codes = torch.cat([p.transpose(1, 2).reshape(-1, 64) for p in _blocks_t(packed, 112, 64, layout)])
+        if torch.equal(codes.to(torch.int32), probe):
+            return layout
+    return None
+
+
+def can_unpack() -> bool:
+    return _layout() is not None
+
+
+def _layout_or_raise() -> tuple[int, str]:
+    layout = _layout()
+    if layout is None:
+        raise RuntimeError("this torch build packs int4 weights in an unknown layout")
+    return layout
+
+
+def unpack_codes(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Kernel-packed codes -> uint8 [rows, cols] in 0..15 (any device)."""
+    parts = _blocks_t(packed, rows, cols, _layout_or_raise())
+    return torch.cat([p.transpose(1, 2).reshape(-1, cols) for p in parts])
+
+
+def _weight_t(codes_t: torch.Tensor, sz: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[nb, K, B] codes of the rows ``sz`` covers -> W^T blocks q * scale + (zero - 8 scale), in float32 (one
+    fused multiply-add pass; the kernel's (q - 8) * scale + zero up to float32 rounding), cast to dtype."""
+    nb, cols, width = codes_t.shape
+    g = cols // GROUP
+    s, z = sz.float().view(g, nb, width, 2).permute(1, 0, 2, 3).unbind(-1)  # [nb, G, B] each
+    z = z - 8 * s
+    w = codes_t.view(nb, g, GROUP, width).float()
+    torch.addcmul(z[:, :, None], w, s[:, :, None], out=w)
+    return w.view(nb, cols, width).to(dtype)
+
+
+def dequantize(packed: torch.Tensor, sz: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """The weight [N, K] the kernel multiplies by, (q - 8) * scale + zero in float32, then cast to dtype."""
+    rows, cols = shape
+    out, r = [], 0
+    for codes_t in _blocks_t(packed, rows, cols, _layout_or_raise()):
+        n = codes_t.shape[0] * codes_t.shape[2]
+        out.append(_weight_t(codes_t, sz[:, r:r + n], dtype).transpose(1, 2).reshape(n, cols))
+        r += n
+    return torch.cat(out)
+
+
+def matmul_dequantized(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, shape: tuple[int, int],
+                       chunk_elems: int) -> torch.Tensor:
+    """``x2 @ W^T`` for many rows of x [M, K] (prefill), where the kernel's cost per row exceeds one decode of W:
+    W decoded ``chunk_elems`` at a time into bf16 (the kernel's own precision, and bf16 GEMMs are the fast
+    ones at large M), each chunk multiplied at once. Returns x's dtype."""
+    rows, cols = shape
+    block = _layout_or_raise()[0]
+    step = max(block, chunk_elems // cols // block * block)
+    xb = x.to(torch.bfloat16)
+    y = torch.empty(x.shape[0], rows, dtype=x.dtype, device=x.device)
+    for r0 in range(0, rows, step):
+        n0 = min(step, rows - r0)
+        r = r0
+        for codes_t in _blocks_t(packed[r0:r0 + n0], n0, cols, _layout_or_raise()):
+            nb, _, width = codes_t.shape
+            part = torch.matmul(xb, _weight_t(codes_t, sz[:, r:r + nb * width], torch.bfloat16))  # [nb, M, B]
+            y[:, r:r + nb * width] = part.permute(1, 0, 2).reshape(x.shape[0], nb * width)
+            r += nb * width
+    return y

@@ -1,0 +1,44 @@
+"""``inferflow-service [service.yaml]``: load the configured models and serve them with uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import InferflowError
+
+
+def service_main(argv: list[str] | None = None) -> int:
+    """Serve the models of a service config (YAML or Inferflow INI); with no config, the embedded default model."""
+    ap = argparse.ArgumentParser(prog="inferflow-service", description=service_main.__doc__)
+    ap.add_argument("config", nargs="?", help="service config file (see service_configs/)")
+    ap.add_argument("--host", help="override the config's host (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, help="override the config's port (default 8080)")
+    ap.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    args = ap.parse_args(argv)
+    try:
+        import uvicorn
+
+        from .app import create_app
+        from .config import load_service_config
+        from .progress import LoadBar
+
+        config = load_service_config(args.config)
+        config.host = args.host or config.host
+        config.port = args.port if args.port is not None else config.port
+        config.log_level = args.log_level or config.log_level
+        logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+        models = {}
+        from .served_model import ServedModel, load_model
+
+        for cfg in config.models:
+            with LoadBar(f"Loading {cfg.name}") as bar:
+                models[cfg.name] = ServedModel(cfg, load_model(cfg, progress=bar))
+        app = create_app(config, models=models)
+        print(f"inferflow-service: serving {', '.join(models)} on http://{config.host}:{config.port} "
+              f"(OpenAI routes under /v1, native route POST /)", file=sys.stderr)
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    except InferflowError as e:
+        print(f"inferflow-service: {e}", file=sys.stderr)
+        return 2
+    return 0
