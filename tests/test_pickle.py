@@ -55,7 +55,7 @@ def test_zip_folder_parity(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("how,dtype", [("zip", torch.float32), ("zip", torch.float16), ("zip", torch.bfloat16),
-                                       ("legacy", torch.float32), ("legacy", torch.bfloat16),
+                                       ("legacy", torch.float32), ("legacy", torch.float16), ("legacy", torch.bfloat16),
                                        ("proto4", torch.float16)])
 def test_formats_equal_safetensors(tiny, tmp_path, how, dtype):
     ref, st = tiny
