@@ -149,6 +149,9 @@ class HFRun:
         self.model.eval()
         cfg = self.model.generation_config
         self.pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+        # generate() falls back to the model's EOS when the call's config has none: remove it there too, so
+        # that (like ignore_eos) every request runs to max_new_tokens past a sampled EOS
+        cfg.eos_token_id = None
 
     def __call__(self, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
         import transformers
@@ -164,6 +167,9 @@ class HFRun:
                                       logits_processor=transformers.LogitsProcessorList([clock]))
         _sync(self.device)
         elapsed = time.perf_counter() - clock.t
+        new = out.shape[1] - width
+        if new != n:
+            raise RuntimeError(f"HF generate produced {new} tokens per request instead of {n}")
         return len(prompts) * (n - 1) / elapsed, out[:, width:].tolist()
 
 

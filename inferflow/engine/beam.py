@@ -1,8 +1,10 @@
 """Beam search in the engine, as HF transformers' ``generate(num_beams=k, do_sample=False)`` does it.
 
 The beams of a request are its sequences: they run as ordinary decode rows of the engine's batches, sharing
-KV blocks. Each step, once EVERY live beam of a request has its next-token logits (a beam that was
-preempted or left out of the step makes the others compute their last token again next step):
+KV blocks. A beam's next-token logits are kept until every live beam of its request has them (normally all
+in the same step); a beam that has them while another is still missing (preempted, or left out by the token
+budget) is parked: it leaves the scheduler and gives back its blocks (its full blocks stay in the prefix
+cache), so the missing beams can run in a pool too small for all of them. Then, per request:
 1. scores = processors(log_softmax(logits)) + each beam's cumulative log-probability (HF applies its logit
    processors to the log-probabilities); the best ``max(2, 1 + #eos) * k`` (beam, token) candidates;
 2. a candidate ending in EOS (or a stop token id), or reaching the length limit, becomes a finished
@@ -18,8 +20,7 @@ preempted or left out of the step makes the others compute their last token agai
 The request then finishes with its best ``n`` hypotheses (EOS not included in ``token_ids``). Outputs are
 not streamed before the end: beams are rewritten every step.
 
-Limitation: the KV pool must hold a request's ``beam_width`` beams at once (beams preempting each other
-never complete a step together).
+Children of parked parents are prefilled again (cheap when the prefix cache kept their blocks).
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ import torch
 from ..errors import InferflowError
 from .block_pool import NoFreeBlocks
 from .request import RequestStatus
-from .scheduler import SchedulerOutput
 
 
 def validate_beam(params: Any, max_num_seqs: int) -> None:
@@ -65,7 +65,7 @@ class BeamState:
     logprobs: list[list[float]] = field(default_factory=lambda: [[]])
     finished: list[Hypothesis] = field(default_factory=list)     # best first, at most beam_width
     improvable: bool = True
-    stalls: int = 0                 # consecutive steps the request alone could not run all its beams
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)  # id(beam) -> its next-token logits
 
 
 class BeamSearch:
@@ -85,45 +85,29 @@ class BeamSearch:
             return rows, logits
         for idx in groups.values():
             req = rows[idx[0]].request
+            if req.beam is None:
+                req.beam = BeamState()
+            st = req.beam
+            for i in idx:
+                st.rows[id(rows[i])] = logits[i].clone()  # not a view: it may outlive this batch
             beams = req.unfinished_seqs
-            if sorted(id(rows[i]) for i in idx) != sorted(id(s) for s in beams):
-                self._incomplete(req, [rows[i] for i in idx], touched)
+            if any(id(s) not in st.rows for s in beams):
+                for i in idx:  # wait for the others without holding blocks
+                    self.engine.scheduler.free(rows[i])
+                    rows[i].num_computed, rows[i].status = 0, RequestStatus.PREEMPTED
                 continue
-            order = {id(s): n for n, s in enumerate(beams)}
-            idx.sort(key=lambda i: order[id(rows[i])])
+            mine = torch.stack([st.rows.pop(id(s)) for s in beams])
             try:
-                self._step(req, beams, logits[idx])
+                self._step(req, beams, mine)
             except Exception as e:  # noqa: BLE001 - a failing beam step fails its request only
                 self.engine._fail(beams[0], f"beam search failed: {type(e).__name__}: {e}", touched)
         keep = [rows[i] for i in rest]
         return keep, (logits[rest] if len(rest) != len(rows) else logits)
 
-    def _incomplete(self, req: Any, computed: list[Any], touched: dict[str, Any]) -> None:
-        """Not every beam computed its next logits this step: those that did compute their last token again
-        later. While some beam is preempted, the running ones are preempted too (latest first, so the request
-        waits in front, in order): partial beam groups holding blocks could otherwise starve each other."""
-        eng = self.engine
-        sched = eng.scheduler
-        for s in computed:
-            s.num_computed -= 1
-        if all(s.status is RequestStatus.RUNNING for s in req.unfinished_seqs):
-            return  # left out by the token budget only
-        st = req.beam
-        alone = all(s.request is req for s in sched.running)
-        st.stalls = st.stalls + 1 if alone else 0
-        if st.stalls >= 3:  # the whole pool was this request's and still did not hold its beams together
-            eng._fail(req.seqs[0], f"the KV cache ({sched.pool.num_blocks} blocks of {sched.block_size} tokens) "
-                                   f"cannot hold this request's {req.params.beam_width} beams", touched)
-            return
-        parked = SchedulerOutput()
-        for s in sorted((s for s in sched.running if s.request is req), key=lambda s: -s.admitted):
-            sched._preempt(s, parked)
-
     # ---- one step of one request ----------------------------------------------------------------
     def _step(self, req: Any, beams: list[Any], logits: torch.Tensor) -> None:
         eng, p = self.engine, req.params
-        st: BeamState = req.beam if req.beam is not None else BeamState()
-        req.beam = st
+        st: BeamState = req.beam
         k, lpen = p.beam_width, p.length_penalty
         raw = torch.log_softmax(logits.float(), -1)
         lp = eng.sampler.process(raw, [s.sampling for s in beams])  # HF: processors act on the log-probs
@@ -154,7 +138,6 @@ class BeamSearch:
             if running[0][2] / best_len ** lpen <= st.finished[-1].score:
                 st.improvable = False
         done = not running or not st.improvable or (len(st.finished) == k and p.early_stopping is True)
-        st.stalls = 0
         if done:
             self._finish(req, beams, st)
         else:
@@ -169,37 +152,48 @@ class BeamSearch:
         states = []
         for b, t, v in running:
             par = beams[b]
-            nc = par.num_computed
+            nc = par.num_computed  # a parked parent has 0: its children are prefilled again
             full = nc // bs
             table = par.block_table[:full]
             if nc % bs and b not in claimed:  # the first child takes over the partly filled last block
                 claimed.add(b)
                 table = par.block_table[:full + 1]
+                pool.incref(table)
             elif nc % bs:  # the others copy it, or recompute its tokens when no block is free
+                pool.incref(table)
                 try:
                     own = pool.allocate(1)
                     cache.copy_blocks([par.block_table[full]], own)
+                    table = table + own
                 except NoFreeBlocks:
-                    own, nc = [], full * bs
+                    nc = full * bs
+            else:
                 pool.incref(table)
-                states.append((par.output_ids + [t], table + own, nc, par.block_hashes[:full],
-                               min(par.num_registered, full), st.logprobs[b] + [float(raw[b, t])], v))
-                continue
-            pool.incref(table)
             states.append((par.output_ids + [t], table, nc, par.block_hashes[:full], min(par.num_registered, full),
                            st.logprobs[b] + [float(raw[b, t])], v))
         for s in beams:  # the parents' references (every block is held by its children by now, or freed)
             pool.release(s.block_table)
         while len(beams) < len(states):  # the first step forks the one prompt sequence into k beams
             kid = eng.intake.sequence(req, len(req.seqs))
-            req.seqs.append(kid)
             kid.admit()
-            eng.scheduler.running.append(kid)
+            req.seqs.append(kid)
             beams.append(kid)
+        sched = eng.scheduler
+        parked = []
         for s, (out, table, nc, hashes, nreg, _, _) in zip(beams, states):
             s.output_ids[:] = out  # in place: the sampler state holds the same list
             s.block_table, s.num_computed, s.block_hashes, s.num_registered = table, nc, hashes, nreg
             s.sampled_before = True
+            scheduled = s in sched.running
+            if table and not scheduled:
+                s.status = RequestStatus.RUNNING
+                sched.running.append(s)
+            elif not table:  # a parked parent's child: prefilled again, first in line
+                if scheduled:
+                    sched.running.remove(s)
+                parked.append(s)
+        for s in reversed(parked):
+            sched.add(s, front=True)
         st.scores = [v for *_, v in states]
         st.logprobs = [lps for *_, lps, _ in states]
         eng.counters.generation_tokens += len(states)

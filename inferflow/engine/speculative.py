@@ -8,8 +8,9 @@ first pass), so its K/V is valid wherever the target's is.
 
 Per step, for each sequence whose chunk ends at its last token L-1 (and whose sampling is greedy or plain
 random sampling; mirostat, FSD, EOS bypassing and beam search keep the normal path):
-1. lookahead blocks for positions L..L+k-1 are taken from free blocks only (k shrinks, never preempts) and
-   the drafts count against ``max_num_batched_tokens``;
+1. lookahead blocks for positions L..L+k-1 are taken from free blocks only (k shrinks, never preempts); the
+   drafts come on top of ``max_num_batched_tokens`` (at most ``k`` per sequence), so how many tokens a
+   sequence drafts, and hence a seeded request's draws, does not depend on the rest of the batch;
 2. the draft proposes d_1..d_k: its first pass is the chunk itself (row L-1), then k-1 single-token passes,
    batched over the sequences;
 3. the target runs the chunk plus the drafts (q_len = chunk + k) in the one packed forward, rows L-1..L+k-1;
@@ -104,10 +105,9 @@ class Speculator:
 
     # ---- planning -------------------------------------------------------------------------------
     def plan(self, out: SchedulerOutput) -> SpecPlan:
-        """Pick the speculating sequences and give them lookahead blocks (free ones only) and token budget."""
+        """Pick the speculating sequences and give them lookahead blocks (free ones only)."""
         eng = self.engine
         pool, bs = eng.cache.pool, eng.cache.block_size
-        budget = eng.config.max_num_batched_tokens - out.num_tokens
         specs: list[_Spec] = []
         plain: list[Scheduled] = []
         for sc in out.scheduled:
@@ -115,7 +115,7 @@ class Speculator:
             k = 0
             if sc.samples and (seq.sampled_before or p.n == 1) and eligible(p):
                 left = p.max_tokens - len(seq.output_ids) if p.max_tokens is not None else self.k + 1
-                k = min(self.k, budget, left - 1, eng.max_model_len - seq.num_tokens)
+                k = min(self.k, left - 1, eng.max_model_len - seq.num_tokens)
                 room = (len(seq.block_table) + pool.num_free) * bs - seq.num_tokens
                 k = min(k, room)
             if k < 1:
@@ -123,7 +123,6 @@ class Speculator:
                 continue
             need = -(-(seq.num_tokens + k) // bs) - len(seq.block_table)
             seq.block_table += pool.allocate(max(need, 0))
-            budget -= k
             specs.append(_Spec(sc, k))
         return SpecPlan(out, SchedulerOutput(plain), specs)
 
@@ -165,20 +164,16 @@ class Speculator:
         views = [s.view(len(s.drafts)) for s in specs]
         x = sampler.process(logits.float(), views)
         toks = x.argmax(-1).tolist()
+        q: list[torch.Tensor | None] = [None] * len(specs)
         rnd = [i for i, v in enumerate(views) if _kind(v.params) == "random"]
         if rnd:
             f = sampler.truncate(x[rnd], [views[i] for i in rnd])
             noise = sampler._noise([views[i] for i in rnd], f.shape[1], f.device)
-            drawn = (f - noise.clamp_min(1e-30).log()).argmax(-1).tolist()
-            q = torch.softmax(f, -1)
-        for i, s in enumerate(specs):
-            if i in rnd:
-                pos = rnd.index(i)
-                s.drafts.append(drawn[pos])
-                s.q.append(q[pos])
-            else:
-                s.drafts.append(toks[i])
-                s.q.append(None)
+            for i, tok, dist in zip(rnd, (f - noise.clamp_min(1e-30).log()).argmax(-1).tolist(), torch.softmax(f, -1)):
+                toks[i], q[i] = tok, dist
+        for s, tok, dist in zip(specs, toks, q):
+            s.drafts.append(tok)
+            s.q.append(dist)
 
     # ---- verification ---------------------------------------------------------------------------
     def verify(self, plan: SpecPlan, touched: dict[str, Any]) -> None:

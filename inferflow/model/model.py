@@ -277,11 +277,13 @@ class Model:
 
 def load(source: str | os.PathLike, *, spec: Any = None, dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None, progress: Any = None, quant_kernels: str | None = None,
-         host_embeddings: bool = False, **overrides: Any) -> Model:
+         host_embeddings: bool = False, quant: Any = None, quantization: Any = None, **overrides: Any) -> Model:
     """Load a model: ``source`` is a model folder or file; ``spec`` a spec name/path (default: auto-detected);
     ``progress(done, total)`` is called as weights load (a CLI draws a bar); ``quant_kernels``: "fast" (default)
     or "reference" (bit-exact dequantization of block-quantized weights, inferflow/quant/cpu_kernels.py);
     ``host_embeddings``: keep token-embedding tables in host RAM (inferflow/model/placement.py);
+    ``quant`` (alias ``quantization``): quantize weights as they load, a format name ("q4") or a per-role config
+    (inferflow/quant/plan.py; default: the spec's ``quantization:`` block, if any);
     ``overrides`` replace hyper-parameters by name."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     dt = as_dtype(dtype, dev)
@@ -290,13 +292,20 @@ def load(source: str | os.PathLike, *, spec: Any = None, dtype: str | torch.dtyp
     params = resolve_params(sp, src.kind, src.config, overrides, config_name=src.config_name, arch=src.arch)
     sp.params = params
     net = assemble(sp, params)
+    qcfg = quant if quant is not None else quantization if quantization is not None else sp.data.get("quantization")
+    quantizer = None
+    if qcfg:
+        from ..quant.plan import LoadQuantizer, QuantConfig
+
+        quantizer = LoadQuantizer(QuantConfig.parse(qcfg))
     with using_quant_kernels(quant_kernels):
-        load_weights(net, sp, src, params, dtype=dt, device=dev, progress=progress)
+        load_weights(net, sp, src, params, dtype=dt, device=dev, progress=progress, quantizer=quantizer)
     net.eval()
     from ..tokenizers import load_tokenizer
 
     tok = load_tokenizer(src, sp, params)
     model = Model(sp, params, net, tok, src, dt, dev)
+    model.quantizer = quantizer  # what load-time quantization held (None when no config applied)
     if host_embeddings:
         from .placement import place_embeddings
 

@@ -198,9 +198,10 @@ def _unpermute_rope(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def load_weights(net: nn.Module, spec: Spec, source: WeightSource, params: dict[str, Any], *, dtype: torch.dtype,
-                 device: torch.device, check_unused: bool = True, progress: Any = None) -> None:
+                 device: torch.device, check_unused: bool = True, progress: Any = None, quantizer: Any = None) -> None:
     """Replace every declared (meta) parameter of ``net`` with its tensor from ``source``;
-    ``progress(done, total)`` (optional) is called as each tensor is taken."""
+    ``progress(done, total)`` (optional) is called as each tensor is taken; ``quantizer(internal, module, pname,
+    t)`` (optional, inferflow/quant/plan.py) may return a weight quantized at load (a PackedTensor)."""
     loader = WeightLoader(spec, source, params, dtype, device)
     total = sum(1 for p in net.parameters() if p.is_meta) if progress is not None else 0
     done = 0
@@ -217,6 +218,8 @@ def load_weights(net: nn.Module, spec: Spec, source: WeightSource, params: dict[
             if t is None:
                 module._parameters[pname] = None
                 continue
+            if quantizer is not None:
+                t = quantizer(internal, module, pname, t)
             if isinstance(t, PackedTensor):
                 # components that can hold raw blocks (``load_packed``) dequantize on use; others get values
                 hold = getattr(module, "load_packed", None)

@@ -167,6 +167,17 @@ DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
 SUPPORTED = {F32, F16, BF16, *DEQUANTIZERS}
 
 
+def register_type(qtype: int, name: str, elems: int, nbytes: int,
+                  dequantizer: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Add a block type that is not ggml's (inferflow's own formats, ids >= 4096: quant/formats.py) to the tables
+    every packed-weight path reads, so PackedTensor, packed linears and row lookups decode it unchanged."""
+    if qtype in GGML_TYPES and GGML_TYPES[qtype] != (name, elems, nbytes):
+        raise ValueError(f"block type id {qtype} is already {GGML_TYPES[qtype][0]}")
+    GGML_TYPES[qtype] = (name, elems, nbytes)
+    DEQUANTIZERS[qtype] = dequantizer
+    SUPPORTED.add(qtype)
+
+
 def check_supported(qtype: int, tensor: str | None = None, file: str | None = None) -> None:
     """Refuse (FormatError naming the type and the tensor) a block type we cannot dequantize."""
     if qtype not in SUPPORTED:

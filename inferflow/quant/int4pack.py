@@ -22,6 +22,7 @@ that inverse (the kernel itself is always fed through torch's own packer).
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 
@@ -29,6 +30,9 @@ from . import ggml
 
 GROUP = 32
 TYPES = (ggml.Q4_0, ggml.Q4_1, ggml.Q4_K)
+# Other block types that map onto the kernel exactly (inferflow's q4, group 64: quant/formats.py):
+# qtype -> (group, blocks [n, bytes] -> (codes int32 [n, elems], scale [n, elems/group], zero [n, elems/group]))
+_EXTRA: dict[int, tuple[int, Callable]] = {}
 # Rows repacked per call at load: a multiple of every layout's row block (64, 32), so the packed chunks
 # concatenate into the packing of the whole matrix; bounds the transient int32 code matrix (~9 MiB at K = 576).
 _PACK_ROWS = 4096
@@ -39,9 +43,19 @@ def available() -> bool:
         hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
+def register(qtype: int, group: int, codes_and_affine: Callable) -> None:
+    """Let blocks of ``qtype`` run through the kernel (see ``_EXTRA``); group: 32, 64, 128 or 256."""
+    _EXTRA[qtype] = (group, codes_and_affine)
+
+
+def group_of(qtype: int) -> int:
+    return _EXTRA[qtype][0] if qtype in _EXTRA else GROUP
+
+
 def supports(qtype: int, shape: tuple[int, ...]) -> bool:
     """True when a 2-D weight of this type and shape can be repacked (the kernel needs N % 16 == 0)."""
-    return qtype in TYPES and len(shape) == 2 and shape[0] % 16 == 0 and shape[1] % GROUP == 0 and available()
+    return (qtype in TYPES or qtype in _EXTRA) and len(shape) == 2 and shape[0] % 16 == 0 \
+        and shape[1] % group_of(qtype) == 0 and available()
 
 
 def _codes_and_affine(blocks: torch.Tensor, qtype: int, rows: int, cols: int
@@ -49,6 +63,11 @@ def _codes_and_affine(blocks: torch.Tensor, qtype: int, rows: int, cols: int
     """Raw blocks of ``rows`` rows -> (codes int32 [rows, cols] in 0..15, scale and zero float32 [rows, cols/32])."""
     _, nbytes = ggml.block_size(qtype)
     b = blocks.reshape(-1, nbytes)
+    if qtype in _EXTRA:
+        group, fn = _EXTRA[qtype]
+        q, scale, zero = fn(b)
+        g = cols // group
+        return q.reshape(rows, cols), scale.reshape(rows, g), zero.reshape(rows, g)
     if qtype == ggml.Q4_K:
         n = b.shape[0]
         sc, mn = ggml._scale_min_k4(ggml._field(b, 4, 16))
@@ -81,7 +100,7 @@ def pack(blocks: torch.Tensor, qtype: int, shape: tuple[int, int]) -> tuple[torc
 def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
     """``x @ W^T`` through the kernel: x [..., K] in any float dtype -> [..., N] in x's dtype (computed in bf16)."""
     x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, GROUP, sz)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, x2.shape[1] // sz.shape[0], sz)
     return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -144,10 +163,10 @@ def _weight_t(codes_t: torch.Tensor, sz: torch.Tensor, dtype: torch.dtype) -> to
     """[nb, K, B] codes of the rows ``sz`` covers -> W^T blocks q * scale + (zero - 8 scale), in float32 (one
     fused multiply-add pass; the kernel's (q - 8) * scale + zero up to float32 rounding), cast to dtype."""
     nb, cols, width = codes_t.shape
-    g = cols // GROUP
+    g = sz.shape[0]  # groups per row: the group size is cols // g (32 for ggml types, 64 for inferflow's q4)
     s, z = sz.float().view(g, nb, width, 2).permute(1, 0, 2, 3).unbind(-1)  # [nb, G, B] each
     z = z - 8 * s
-    w = codes_t.view(nb, g, GROUP, width).float()
+    w = codes_t.view(nb, g, cols // g, width).float()
     torch.addcmul(z[:, :, None], w, s[:, :, None], out=w)
     return w.view(nb, cols, width).to(dtype)
 
