@@ -9,7 +9,7 @@ import transformers
 
 import inferflow
 from inferflow.tokenizers.base import Tokenizer
-from parity import save
+from parity import DEVICE, save
 
 VOCAB = 96
 
@@ -60,7 +60,7 @@ def llama(tmp: Path, **kw) -> inferflow.Model:
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **kw)
     torch.manual_seed(0)
-    m = inferflow.load(save(transformers.LlamaForCausalLM(cfg).eval(), tmp), dtype="float32")
+    m = inferflow.load(save(transformers.LlamaForCausalLM(cfg).eval(), tmp), dtype="float32", device=DEVICE)
     m.tokenizer = CharTokenizer()
     return m
 
@@ -75,7 +75,7 @@ def mixtral(tmp: Path) -> inferflow.Model:
     with torch.no_grad():  # a sharp router spreads tokens over the experts
         for layer in ref.model.layers:
             layer.mlp.gate.weight.copy_(torch.randn(layer.mlp.gate.weight.shape, generator=g))
-    return inferflow.load(save(ref, tmp), dtype="float32")
+    return inferflow.load(save(ref, tmp), dtype="float32", device=DEVICE)
 
 
 def t5(tmp: Path) -> inferflow.Model:
@@ -83,14 +83,14 @@ def t5(tmp: Path) -> inferflow.Model:
                                 relative_attention_num_buckets=8, relative_attention_max_distance=16,
                                 decoder_start_token_id=0)
     torch.manual_seed(0)
-    return inferflow.load(save(_perturb(transformers.T5ForConditionalGeneration(cfg)), tmp), dtype="float32")
+    return inferflow.load(save(_perturb(transformers.T5ForConditionalGeneration(cfg)), tmp), dtype="float32", device=DEVICE)
 
 
 def bert(tmp: Path) -> inferflow.Model:
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=48, max_position_embeddings=64)
     torch.manual_seed(0)
-    m = inferflow.load(save(_perturb(transformers.BertModel(cfg)), tmp), dtype="float32")
+    m = inferflow.load(save(_perturb(transformers.BertModel(cfg)), tmp), dtype="float32", device=DEVICE)
     m.tokenizer = CharTokenizer()
     return m
 

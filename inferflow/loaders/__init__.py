@@ -36,7 +36,10 @@ def open_folder(folder: Path) -> WeightSource:
     """An HF model folder: safetensors weights, else pickle ``pytorch_model*.bin`` (never unpickled by Python)."""
     from .hf import HFDirSource
     from .pickle_source import PickleSource, pickle_files
+    from .quantized import QuantizedSource, is_quantized_folder
 
+    if is_quantized_folder(folder):  # written by `inferflow quantize` (inferflow/quant/saved.py)
+        return QuantizedSource(folder)
     if not any(folder.glob("*.safetensors")) and not (folder / "model.safetensors.index.json").is_file() \
             and pickle_files(folder):
         return PickleSource(folder)
