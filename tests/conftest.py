@@ -12,3 +12,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+import pytest  # noqa: E402
+
+
+def _threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.fixture
+def one_thread():
+    """Small kernels (tiny models, per-layer dequantization): on a busy shared CPU, multi-threaded kernels wait on
+    each other at every op (seen: 2 s -> 28 s); one thread keeps runtimes small and steady."""
+    yield from _threads(1)
+
+
+@pytest.fixture
+def two_threads():
+    yield from _threads(2)

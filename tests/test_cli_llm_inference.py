@@ -4,20 +4,10 @@ import json
 import textwrap
 
 import pytest
-import torch
 
 from inferflow.errors import InferflowError
 from inferflow.service.query_runner import llm_inference
 from service_helpers import chat_llama
-
-
-@pytest.fixture
-def one_thread():
-    # the default model's many small dequantize kernels: one thread keeps the runtime steady on a shared CPU
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_shipped_query_file_on_default_model(capsys, one_thread):

@@ -29,16 +29,6 @@ def test_missing_package_message(monkeypatch):
         default_model_path()
 
 
-@pytest.fixture
-def one_thread():
-    # ~10 small dequantize kernels per layer and step: on a busy shared CPU, multi-threaded kernels wait on
-    # each other at every op (seen: 2 s -> 28 s); one thread keeps this test's runtime small and steady
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_default_model_knows_paris(one_thread):
     m = inferflow.load(_path_or_skip())
     assert m.source.kind == "gguf" and m.spec.name == "llama"
@@ -99,14 +89,6 @@ def _without_tokenizer_tables(src, dst) -> None:
     with open(dst, "wb") as f:
         f.write(head + b"\0" * (-len(head) % align))
         f.write(raw[-(-pos // align) * align:])  # data offsets are relative to the data section: unchanged
-
-
-@pytest.fixture
-def two_threads():
-    n = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_default_model_equals_transformers_gguf(tmp_path, monkeypatch, two_threads):
