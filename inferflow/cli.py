@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ins.add_argument("--spec", help="spec name or path (default: auto-detected)")
     sub.add_parser("chat", help="interactive terminal chat (see: inferflow chat --help)", add_help=False)
     sub.add_parser("quantize", help="write a quantized model (see: inferflow quantize --help)", add_help=False)
+    sub.add_parser("perplexity", help="sliding-window perplexity on a text (see: inferflow perplexity --help)",
+                   add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["chat"]:  # its own options: parsed by chat_main
         from .service.chat_cli import chat_main
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         from .quant.cli import quantize_main
 
         return quantize_main(argv[1:])
+    if argv[:1] == ["perplexity"]:  # its own options: inferflow/eval/perplexity.py
+        from .eval.perplexity import perplexity_main
+
+        return perplexity_main(argv[1:])
     args = ap.parse_args(argv)
     try:
         if args.cmd == "specs":

@@ -14,6 +14,7 @@ from ..errors import InferflowError
 from .beam import validate_beam
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .guided import make_guide, prepare as prepare_guided
 from .handle import OutputStream
 from .request import Request, Sequence
 from .sampler import SeqSampling
@@ -43,7 +44,7 @@ class RequestIntake:
     def request(self, rid: str, prompt: Any, params: SamplingParams, encoder_prompt: Any,
                       cache_salt: str | None) -> Request:
         arch = self.model.architecture
-        ids, enc, error = [], None, None
+        ids, enc, error, grammar = [], None, None, None
         try:
             if arch == "encoder_only":
                 raise InferflowError("this is an encoder-only model: use Engine.embed()")
@@ -64,11 +65,13 @@ class RequestIntake:
             validate_beam(params, self.config.max_num_seqs)
             if params.stop and self.tokenizer is None:
                 raise InferflowError("stop strings need a tokenizer; this model has none")
+            grammar = prepare_guided(params, self.tokenizer)  # compiled once; each sequence gets a Guide
         except InferflowError as e:
             error = str(e)
         extra = (self.model_key, cache_salt, hashlib.sha256(repr(enc).encode()).hexdigest() if enc else None)
         req = Request(rid, ids, params, prompt=prompt if isinstance(prompt, str) else None, encoder_ids=enc,
                       hash_extra=extra, stream=OutputStream())
+        req.grammar = grammar
         req.seqs.append(self.sequence(req, 0))
         req.error = error
         return req
@@ -80,6 +83,11 @@ class RequestIntake:
             gen = torch.Generator(device=self.model.device).manual_seed(int(p.seed) + index)
         seq = Sequence(req, index, None)
         seq.sampling = SeqSampling(p, req.prompt_ids, seq.output_ids, gen)
+        if req.grammar is not None:
+            limit = self.max_model_len - len(req.prompt_ids)
+            seq.sampling.guide = make_guide(req.grammar, self.tokenizer, self.vocab_size or self.tokenizer.vocab_size,
+                                            self.model._stop_ids() | set(p.stop_token_ids),
+                                            limit if p.max_tokens is None else min(limit, p.max_tokens))
         if self.tokenizer is not None:
             seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.skip_special_tokens)
             seq.stop = StopChecker(p.stop, p.include_stop_str_in_output)

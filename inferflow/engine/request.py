@@ -101,6 +101,7 @@ class Request:
         self.stream = stream                    # OutputStream the handles read
         self.aborted = False
         self.beam: Any = None                   # BeamState of a beam-search request (beam.py)
+        self.grammar: Any = None                # guided decoding: the compiled constraint (guided/constraint.py)
 
     @property
     def finished(self) -> bool:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from .guided.constraint import pick_guided
 from .logits_processors import NEG_INF, NGramPenalty, apply_processors
 from .sampling_params import SamplingParams
 
@@ -37,6 +39,7 @@ class SeqSampling:
     mirostat_mu: float | None = None        # mirostat v2's running surprise cap; starts at 2 * tau
     eos_bypassed: int = 0                   # EOS tokens replaced so far (eos_bypass_max)
     fsd_ngram: NGramPenalty | None = None   # FSD's n-gram model, updated incrementally
+    guide: Any = None                       # guided decoding: the sequence's Guide (guided/constraint.py)
 
     @classmethod
     def create(cls, params: SamplingParams, prompt_ids: list[int], device: str | torch.device = "cpu",
@@ -165,13 +168,20 @@ class Sampler:
         kinds = [_kind(p) for p in params]
         tokens = x.argmax(-1)            # greedy rows keep this
         final = x                        # each row's candidate scores (-inf = not a candidate), for EOS bypass
+        guided = any(sq.guide is not None for sq in seqs)
+        race = backup = x                # guided rows: what the argmax ranks, and the untruncated race
         rnd = [b for b in range(B) if kinds[b] in ("random", "mirostat")]
         if rnd:
             filtered = self.truncate(x[rnd], [seqs[b] for b in rnd])
             q = self._noise([seqs[b] for b in rnd], V, dev)
             idx = torch.tensor(rnd, device=dev)
-            tokens = tokens.index_copy(0, idx, (filtered - q.clamp_min(1e-30).log()).argmax(-1))
+            logq = q.clamp_min(1e-30).log()
+            tokens = tokens.index_copy(0, idx, (filtered - logq).argmax(-1))
             final = final.index_copy(0, idx, filtered)
+            if guided:
+                temp = _col([max(params[b].temperature, GREEDY_BELOW) for b in rnd], dev)
+                race = x.index_copy(0, idx, filtered - logq)
+                backup = x.index_copy(0, idx, x[rnd] / temp - logq)
         fsd = [b for b in range(B) if kinds[b] == "fsd"]
         if fsd:
             final = final.clone()
@@ -179,6 +189,8 @@ class Sampler:
                 tokens[b], final[b] = self._fsd(x[b], seqs[b])
 
         out = tokens.tolist()
+        if guided:  # constrained rows: the best VALID token by the same ranking (guided/constraint.py)
+            pick_guided(out, race, backup, seqs)
         self._bypass_eos(out, final, seqs)
         self._update_mirostat(out, final, seqs, kinds)
         return SampleOutput(out, *self._logprobs(raw_lp, out, params))

@@ -49,6 +49,12 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0
     early_stopping: bool = False
+    # guided decoding (engine/guided/): the output must be a JSON object (True / {}), match a JSON schema (a
+    # dict, or its JSON text) or be one of ``guided_choice``; prefix / suffix: fixed text around it (tool calls)
+    guided_json: dict | str | bool | None = None
+    guided_choice: list[str] | None = None
+    guided_prefix: str = ""
+    guided_suffix: str = ""
 
     def __post_init__(self) -> None:
         def bad(key: str, want: str) -> InferflowError:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import InferflowError
+from .guided import is_guided
 from .model_runner import ModelRunner
 from .postprocess import take_token
 from .sampler import SeqSampling, _kind
@@ -70,8 +71,10 @@ def prepare_draft(model: Any, config: Any, draft: Any = None) -> Any:
 
 
 def eligible(params: Any) -> bool:
-    """Sampling the verification reproduces exactly: greedy or plain (truncated) random sampling."""
-    return not params.use_beam_search and params.eos_bypass_max == 0 and _kind(params) in ("greedy", "random")
+    """Sampling the verification reproduces exactly: greedy or plain (truncated) random sampling. Guided requests
+    take the normal path (their token choice depends on the matcher state each accepted draft would change)."""
+    return not params.use_beam_search and params.eos_bypass_max == 0 and _kind(params) in ("greedy", "random") \
+        and not is_guided(params)
 
 
 @dataclass(slots=True)

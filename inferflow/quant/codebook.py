@@ -6,7 +6,8 @@ log2(10) = 3.32 bits buys 10 levels (8 for q3) with room for a 10-bit header; 10
 so three weights share one code (3.33 bits each) and the 64th weight takes 4 bits: 21 x 10 + 4 + 10 = 224 bits.
 A per-block zero point does not fit, so the levels themselves carry the asymmetry: a codebook fitted (Lloyd's
 algorithm) to weight blocks normalised so that their largest-magnitude weight is -1, with the scale signed so
-either end of the codebook can hold the extreme. Against uniform levels this cuts squared error by 13-17 %.
+either end of the codebook can hold the extreme. Against ten uniform levels (same header, same search)
+this cuts squared error by 18 % on real weights (MiniLM, the default model) and 15 % on Gaussian noise.
 
 Byte layout of one block (weights 0..63; levels q in 0..9):
   bytes 0..20   low 8 bits of the 21 triple codes t_j = q[3j] + 10 q[3j+1] + 100 q[3j+2]
@@ -24,7 +25,7 @@ from . import search
 from .bitplanes import encode_log_scale, log_scales
 
 # Lloyd-fitted on all-MiniLM-L6-v2's block-normalised layer weights (tools/quant_formats.py --fit-codebook)
-LEVELS = torch.tensor([-1.0, -0.6637, -0.4389, -0.2594, -0.1025, 0.0447, 0.1941, 0.3565, 0.5466, 0.7934],
+LEVELS = torch.tensor([-1.0, -0.669, -0.4469, -0.2708, -0.1172, 0.0265, 0.1734, 0.3353, 0.5274, 0.7823],
                       dtype=torch.float32)
 SCALE_BIAS, SCALE_STEPS, SCALE_CODES = 391, 24, 512
 FACTORS = (1.0, 0.9, 0.8)  # 6 factors: 0.4 % less squared error, 2.5x the time

@@ -30,13 +30,21 @@ PLAIN_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16, 24: torc
                 26: torch.int32, 27: torch.int64, 28: torch.float64}
 
 
+# Block types that are not ggml's (inferflow's own formats, ids >= 4096: quant/formats.py), registered with
+# :func:`register_type`: id -> (name, elements, bytes). Kept apart so GGML_TYPES stays exactly ggml's (a GGUF
+# file naming one of these ids is still refused as an unknown ggml type).
+EXTRA_TYPES: dict[int, tuple[str, int, int]] = {}
+
+
 def type_name(qtype: int) -> str:
+    if qtype in EXTRA_TYPES:
+        return EXTRA_TYPES[qtype][0]
     return GGML_TYPES[qtype][0] if qtype in GGML_TYPES else f"unknown ggml type {qtype}"
 
 
 def block_size(qtype: int) -> tuple[int, int]:
     """(elements, bytes) of one block."""
-    _, elems, nbytes = GGML_TYPES[qtype]
+    _, elems, nbytes = EXTRA_TYPES[qtype] if qtype in EXTRA_TYPES else GGML_TYPES[qtype]
     return elems, nbytes
 
 
@@ -169,18 +177,17 @@ SUPPORTED = {F32, F16, BF16, *DEQUANTIZERS}
 
 def register_type(qtype: int, name: str, elems: int, nbytes: int,
                   dequantizer: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Add a block type that is not ggml's (inferflow's own formats, ids >= 4096: quant/formats.py) to the tables
-    every packed-weight path reads, so PackedTensor, packed linears and row lookups decode it unchanged."""
-    if qtype in GGML_TYPES and GGML_TYPES[qtype] != (name, elems, nbytes):
-        raise ValueError(f"block type id {qtype} is already {GGML_TYPES[qtype][0]}")
-    GGML_TYPES[qtype] = (name, elems, nbytes)
+    """Add a block type that is not ggml's (see EXTRA_TYPES) to the tables every packed-weight path reads, so
+    PackedTensor, packed linears and row lookups decode it unchanged."""
+    if qtype in GGML_TYPES or EXTRA_TYPES.get(qtype, (name, elems, nbytes)) != (name, elems, nbytes):
+        raise ValueError(f"block type id {qtype} is already {type_name(qtype)}")
+    EXTRA_TYPES[qtype] = (name, elems, nbytes)
     DEQUANTIZERS[qtype] = dequantizer
-    SUPPORTED.add(qtype)
 
 
 def check_supported(qtype: int, tensor: str | None = None, file: str | None = None) -> None:
     """Refuse (FormatError naming the type and the tensor) a block type we cannot dequantize."""
-    if qtype not in SUPPORTED:
+    if qtype not in SUPPORTED and qtype not in EXTRA_TYPES:
         names = ", ".join(type_name(t) for t in sorted(SUPPORTED))
         where = f"tensor {tensor!r}: " if tensor else ""
         raise FormatError(file, f"{where}ggml type {type_name(qtype)} is not supported (supported: {names})")

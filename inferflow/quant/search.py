@@ -45,7 +45,8 @@ def _pick(better: torch.Tensor, new: Params, old: Params | None) -> Params:
 
 
 def affine(x: torch.Tensor, nmax: int, header: AffineHeader, deltas: Sequence[float]) -> Params:
-    """Best header parameters per block of x [n, g] (float32) for an asymmetric grid of nmax + 1 levels."""
+    """Best header parameters per block of x [n, g] (float32) for an asymmetric grid of nmax + 1 levels
+    (the header's zero-point range must include 0..nmax)."""
     n = x.shape[1]
     mn, mx = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
     rng = mx - mn
@@ -54,9 +55,14 @@ def affine(x: torch.Tensor, nmax: int, header: AffineHeader, deltas: Sequence[fl
     span = torch.where(flat, torch.maximum(mx.abs(), mn.abs()), rng)
     base = torch.where(flat, torch.minimum(mn, torch.zeros_like(mn)), mn)
     sx = x.sum(1, keepdim=True)
+    # the grid through zero, [min(min, 0), max(max, 0)]: its zero point is always storable, so blocks far from
+    # zero (all one sign) still get a usable grid when their own zero point is out of the header's range
+    lo0, hi0 = torch.minimum(mn, torch.zeros_like(mn)), torch.maximum(mx, torch.zeros_like(mx))
     best_err, best = None, None
-    for delta in (None, *deltas):
-        if delta is None:
+    for delta in ("zero", None, *deltas):
+        if delta == "zero":
+            s, m = (hi0 - lo0) / nmax, lo0
+        elif delta is None:
             s, m = span / nmax, base
         else:
             q = ((x - mn) * ((nmax + delta) / _safe(rng))).round_().clamp_(0, nmax)

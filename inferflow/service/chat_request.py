@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import bad_request
+from .guided import response_format_schema
 from .protocol import check_type
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -87,6 +88,7 @@ class ChatOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False
     echo: bool = False
+    json_schema: dict[str, Any] | None = None  # response_format json_schema's schema (checked by guided.py)
 
     @property
     def tools_active(self) -> bool:
@@ -134,10 +136,10 @@ def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> An
 
 def _json_mode(body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
     fmt = check_type(body, "response_format", (dict,), "an object like {'type': 'json_object'}")
-    if fmt is None or fmt.get("type") == "text":
+    if fmt is None or fmt.get("type") in ("text", "json_schema"):  # json_schema: guided.response_format_schema
         return False
     if fmt.get("type") != "json_object":
-        raise bad_request(f"type {fmt.get('type')!r} is not supported (use 'text' or 'json_object')",
+        raise bad_request(f"type {fmt.get('type')!r} is not supported (use 'text', 'json_object' or 'json_schema')",
                           "response_format")
     # OpenAI's own rule: json_object mode only when the conversation asks for JSON, or the model may never stop
     if not any("json" in (m.get("content") or "").lower() for m in messages):
@@ -165,7 +167,8 @@ def chat_options(body: dict[str, Any]) -> ChatOptions:
     kwargs = check_type(body, "chat_template_kwargs", (dict,), "an object") or {}
     template = check_type(body, "chat_template", (str,), "a string")
     return ChatOptions(messages, tools, choice, _json_mode(body, messages), agp if agp is not None else not cont,
-                       cont, template, dict(kwargs), logprobs, bool(check_type(body, "echo", (bool,), "a boolean")))
+                       cont, template, dict(kwargs), logprobs, bool(check_type(body, "echo", (bool,), "a boolean")),
+                       json_schema=response_format_schema(body))
 
 
 def top_logprobs_count(body: dict[str, Any], opts: ChatOptions) -> int | None:

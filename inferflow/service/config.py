@@ -35,7 +35,7 @@ class ModelConfig:
     spec: str | None = None                # spec name or file; None: auto-detected
     dtype: str | None = None               # float32, float16, bfloat16 (default: float32 on CPU, bf16 on GPU)
     device: str | None = None              # cpu, cuda, cuda:1 ...
-    quantization: str | None = None        # passed to inferflow.load when it supports quantization
+    quantization: str | dict | None = None  # passed to inferflow.load: a format (q4) or a per-role mapping
     overrides: dict[str, Any] = field(default_factory=dict)   # hyper-parameters by name (rope_theta: 1e6)
     engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: dict[str, Any] = field(default_factory=dict)    # SamplingParams defaults for this model's requests
@@ -112,9 +112,10 @@ def model_config(d: Any, file: str | None, where: str, base: Path | None) -> Mod
         raise ServiceConfigError(file, where, f"unknown key(s) {', '.join(unknown)}; expected some of "
                                               f"{', '.join(sorted(_MODEL_KEYS))}")
     d = dict(d)
-    for key in ("name", "source", "spec", "dtype", "device", "quantization", "chat_template", "prompt_template",
+    for key in ("name", "source", "spec", "dtype", "device", "chat_template", "prompt_template",
                 "encoder_input_template"):
         _check_type(file, f"{where}.{key}", d.get(key), (str,), "a string")
+    _check_type(file, f"{where}.quantization", d.get("quantization"), (str, dict), "a format name or a mapping")
     for key in ("overrides", "sampling", "chat_template_kwargs", "engine"):
         _check_type(file, f"{where}.{key}", d.get(key), (dict,), "a mapping")
     _check_type(file, f"{where}.max_logprobs", d.get("max_logprobs"), (int,), "an integer")

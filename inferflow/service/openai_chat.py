@@ -15,6 +15,7 @@ from .chat_request import ChatOptions, chat_options, top_logprobs_count
 from .errors import APIError, bad_request
 from .framing import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, CancellingStream, sse_event
 from .generation import Generation
+from .guided import apply_chat_guidance
 from .protocol import StreamOptions, check_logprobs, check_type, model_name, require_json_object, sampling_params, \
     stream_options
 from .responses import TokenText, chat_logprobs, new_id, new_logprobs, now, usage
@@ -42,6 +43,7 @@ async def chat_completions(request: Request) -> Response:
     ids = served.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False)))
     params.max_tokens = served.fit_max_tokens(len(ids), params.max_tokens, "messages")
     parser = parser_for(served.chat_template(opts.chat_template, opts.tools)) if opts.tools_active else None
+    parser = apply_chat_guidance(params, opts, parser)  # response_format, forced tool calls -> guided decoding
     salt = check_type(body, "cache_salt", (str,), "a string")
     rid = new_id("chatcmpl")
     gen = Generation(state, served, ids, params, cache_salt=salt, request_id=rid)

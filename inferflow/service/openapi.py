@@ -22,7 +22,8 @@ def _sampling() -> dict[str, Any]:
         props[name] = {**kind, "description": want}
     props.update(model=_STR, stream=_BOOL, stream_options={"type": "object", "properties": {
         "include_usage": _BOOL, "continuous_usage_stats": _BOOL}}, seed=_INT, stop=_STOP,
-        logit_bias={"type": "object", "additionalProperties": _NUM}, cache_salt=_STR)
+        logit_bias={"type": "object", "additionalProperties": _NUM}, cache_salt=_STR,
+        guided_json={"oneOf": [{"type": "object"}, _STR, _BOOL]}, guided_choice={"type": "array", "items": _STR})
     return props
 
 
@@ -35,7 +36,8 @@ def _chat() -> dict[str, Any]:
         **_sampling(), "messages": {"type": "array", "items": message}, "max_tokens": _INT,
         "max_completion_tokens": _INT, "logprobs": _BOOL, "top_logprobs": _INT, "tools": {"type": "array"},
         "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
-        "response_format": {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}},
+        "response_format": {"type": "object", "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                                                             "json_schema": {"type": "object"}}},
         "chat_template": _STR, "chat_template_kwargs": {"type": "object"}, "add_generation_prompt": _BOOL,
         "continue_final_message": _BOOL}}
 

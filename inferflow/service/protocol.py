@@ -13,6 +13,7 @@ from typing import Any
 from ..engine.sampling_params import SamplingParams
 from ..errors import InferflowError
 from .errors import APIError, bad_request
+from .guided import check_params, guided_fields
 
 _INT64 = 2 ** 63
 _NUM = (int, float)
@@ -130,12 +131,15 @@ def sampling_params(body: dict[str, Any], defaults: dict[str, Any], vocab_size: 
         raise bad_request("beam search is not supported by this server", "use_beam_search")
     if body.get("prompt_logprobs") is not None:
         raise bad_request("prompt_logprobs are not supported by this server", "prompt_logprobs")
+    kw.update(guided_fields(body))  # guided_json / guided_choice
     try:
-        return SamplingParams(**kw)
+        sp = SamplingParams(**kw)
     except InferflowError as e:
         m = _SAMPLING_ERROR.match(str(e))
         name = m.group(1) if m else None
         raise bad_request(str(e).removeprefix("sampling: "), name) from None
+    check_params(sp)
+    return sp
 
 
 @dataclass(slots=True)
