@@ -119,7 +119,7 @@ def test_sampled_requests(llama):
     eng.cache.pool.assert_clean()
     assert eng.metrics()["spec_draft_tokens"] >= n and eng.metrics()["spec_accepted_tokens"] > 0
     counts = torch.bincount(torch.tensor([r.outputs[0].token_ids[0] for r in res]), minlength=VOCAB).float()
-    logits = llama.logits(prompt)[-1] / 1.3
+    logits = llama.logits(prompt)[-1].cpu() / 1.3  # the counts live on the CPU
     top = logits.topk(6)
     want = torch.zeros(VOCAB).index_put_((top.indices,), torch.softmax(top.values, -1))
     sigma = (want * (1 - want) / n).sqrt()
