@@ -191,12 +191,13 @@ def test_quant_report_helpers(tmp_path, monkeypatch):
     from gguf.quants import dequantize
 
     monkeypatch.syspath_prepend("tools")
-    import quant_report as qr
+    import quant_report_doc as qr
+    from quant_report_files import _iq4_nl
 
     blocks = np.random.default_rng(0).integers(0, 256, (6, 18), dtype=np.uint8)
     blocks[:, :2] = np.frombuffer(np.float16(np.linspace(-0.5, 0.5, 6)).tobytes(), np.uint8).reshape(6, 2)
     want = dequantize(blocks.reshape(-1), GGMLQuantizationType.IQ4_NL).reshape(6, 32)
-    assert np.array_equal(qr._iq4_nl(torch.from_numpy(blocks)).numpy(), want)
+    assert np.array_equal(_iq4_nl(torch.from_numpy(blocks)).numpy(), want)
     doc = tmp_path / "q.md"
     qr.write_section(doc, f"{qr.BEGIN}\none\n{qr.END}")
     doc.write_text("# Q\n\n## Formats\nkept\n\n" + doc.read_text().split("\n\n", 1)[1] + "\n## After\nalso kept\n")

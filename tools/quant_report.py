@@ -23,14 +23,16 @@ What is measured (the written section says it again, with the command line and t
 - Decode tok/s: ``Model.generate_ids`` with the default (fast) kernels, one request, greedy, a fixed 8-token
   prompt; (T(1 + n) - T(1)) gives n decode steps; models interleaved, median over repeats, one CPU thread.
 - all-MiniLM-L6-v2 (float32 safetensors): cosine of each format's sentence embeddings with float32's.
+
+Helpers: tools/quant_report_files.py (the F32 base, llama.cpp's files, IQ4_NL), tools/quant_report_doc.py (the
+section's text and the checks).
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import importlib.util
-import json
-import re
+import os
 import statistics
 import sys
 import tempfile
@@ -45,19 +47,17 @@ sys.path.insert(0, str(ROOT))
 
 import inferflow  # noqa: E402
 from inferflow.eval.perplexity import perplexity  # noqa: E402
-from inferflow.quant import formats as qformats, ggml  # noqa: E402
+from inferflow.quant import ggml  # noqa: E402
+from quant_report_doc import expectations, log, render, write_section  # noqa: E402
+from quant_report_files import llamacpp_quantize, register_iq4_nl, write_f32_gguf  # noqa: E402
 
 OURS = ("q8", "q6", "q5", "q4", "q3.5", "q3", "q2")
 # q4_1 is a control: the default model's file holds its layer linears as Q4_1, so the base's weights already lie
 # on Q4_1's per-32 grids and llama.cpp's q4_1 reproduces them almost exactly (32-weight blocks have an edge here)
 LCP = ("q8_0", "q5_0", "q4_1", "q4_0", "q3_K_M", "q2_K")
-LCP_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
-              "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q3_K_M": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
-              "q2_K": "LLAMA_FTYPE_MOSTLY_Q2_K"}
 MINILM_FORMATS = OURS + ("q8_0", "q5_0", "q4_1", "q4_0")
 TEXT = ROOT / "tests" / "data" / "gpl-3.txt"
 DOC = ROOT / "docs" / "quantization.md"
-BEGIN, END = "<!-- quant_report -->", "<!-- /quant_report -->"
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "A man is playing a guitar on the street corner.",
@@ -70,80 +70,6 @@ SENTENCES = [
     "Fresh bread smells wonderful in the morning.",
     "Copying and distributing verbatim copies of this license document is permitted.",
 ]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# ---- the base and llama.cpp's files --------------------------------------------------------------------------
-def write_f32_gguf(src: Path, dst: Path) -> None:
-    """``src`` with every tensor dequantized to float32 (gguf-py), metadata copied field by field."""
-    import gguf
-    import numpy as np
-    from gguf.quants import dequantize
-
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or not f.types:
-            continue
-        if k == "general.file_type":
-            w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-            continue
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, f.contents(), f.types[0], sub_type=sub)
-    for t in r.tensors:
-        a = dequantize(t.data, t.tensor_type).astype(np.float32)
-        w.add_tensor(t.name, a.reshape([int(x) for x in reversed(t.shape)]))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def llamacpp_quantize(base: Path, dst: Path, name: str) -> str | None:
-    """Quantize ``base`` with llama.cpp's recipe ``name``; None when done, else why not."""
-    try:
-        import llama_cpp
-    except Exception as e:  # noqa: BLE001 - any import failure means: skip these rows
-        return f"llama_cpp not importable ({type(e).__name__}: {e})"
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = getattr(llama_cpp, LCP_FTYPES[name])
-    p.nthread = 2
-    rc = llama_cpp.llama_model_quantize(str(base).encode(), str(dst).encode(), p)
-    return None if rc == 0 and dst.is_file() else f"llama_model_quantize returned {rc}"
-
-
-IQ4_NL = 20
-_IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-
-
-def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
-    # block: fp16 d, 16 bytes; element j < 16 is the low nibble of byte j, element 16 + j its high nibble
-    d = b[:, :2].contiguous().view(torch.float16).float()
-    qs = b[:, 2:18]
-    idx = torch.cat([qs & 0x0F, qs >> 4], dim=1).long()
-    return d * torch.tensor(_IQ4_NL_VALUES, dtype=torch.float32)[idx]
-
-
-def register_iq4_nl() -> None:
-    """llama.cpp's fallback for k-quant tensors whose rows are not multiples of 256 (checked against gguf-py)."""
-    if IQ4_NL in ggml.DEQUANTIZERS:
-        return
-    import numpy as np
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    # a ggml type (GGML_TYPES names it) that inferflow/quant/ggml.py has no dequantizer for yet: add one here
-    assert ggml.GGML_TYPES[IQ4_NL] == ("IQ4_NL", 32, 18)
-    ggml.DEQUANTIZERS[IQ4_NL] = _iq4_nl
-    ggml.SUPPORTED.add(IQ4_NL)
-    blocks = np.random.default_rng(1).integers(0, 256, (8, 18), dtype=np.uint8)
-    blocks[:, :2] = np.frombuffer(np.float16([0.01 * (i + 1) for i in range(8)]).tobytes(), np.uint8).reshape(8, 2)
-    want = dequantize(blocks.reshape(-1), GGMLQuantizationType.IQ4_NL).reshape(8, 32)
-    got = _iq4_nl(torch.from_numpy(blocks)).numpy()
-    assert np.array_equal(want, got), "IQ4_NL dequantizer differs from gguf-py"
 
 
 def layers_in(fmt: str) -> dict[str, str]:
@@ -234,92 +160,17 @@ def minilm_cosines(folder: Path, fmts: tuple[str, ...]) -> list[tuple[str, float
     return rows
 
 
-# ---- the document ---------------------------------------------------------------------------------------------
-def render(rows: list[dict], minilm: list, notes: list[str], settings: dict, command: str) -> str:
-    base = next(r for r in rows if r["name"] == "base")
-    lines = [BEGIN, "", "## Measured: perplexity, size and speed", "",
-             f"Generated by `tools/quant_report.py` in one run ({settings['minutes']:.1f} min on {settings['cpu']}, "
-             f"torch {torch.__version__}); re-run with:", "", "```", command, "```", "",
-             f"- Model: {settings['model']}; base = its GGUF dequantized to float32 (an all-F32 GGUF written with "
-             f"gguf-py), so every row starts from the same float32 weights.",
-             f"- Text: `tests/data/gpl-3.txt` (GPL-3, verbatim), {settings['tokens']} tokens"
-             f"{settings['limit_note']}; perplexity mode `{settings['mode']}`, ctx {settings['ctx']}, "
-             f"stride {settings['stride']}: {settings['scored']} tokens scored in {settings['windows']} windows "
-             f"(`inferflow perplexity`, inferflow/eval/perplexity.py). Float32 activations and bit-exact "
-             f"dequantization (reference kernels) for every row.",
-             "- Ours: every decoder-layer linear in the format; the tied embedding/head table at q8 (as llama.cpp's "
-             "files below keep it at Q8_0); norms float32. llama.cpp: `llama_model_quantize` of the same F32 GGUF "
-             "with its own recipe; the type mix is what the file holds (hidden size 576 is not a multiple of 256, "
-             "so llama.cpp replaces most k-quant tensors with IQ4_NL / Q5_0 / Q5_1 / Q8_0 fallbacks).",
-             "- Size: every weight held (tied table once); bpw all = 8 x bytes / weights of the whole model; "
-             "bpw linears = the same over the decoder-layer linears only (the format's own rate).",
-             f"- Decode: `Model.generate_ids`, default (fast) CPU kernels, 1 request, greedy, {settings['prompt']}-token "
-             f"prompt, {settings['new']} decode steps timed as T(1+n) - T(1), {settings['repeats']} interleaved "
-             f"repeats, median, {settings['threads']} thread(s). The machine is shared: compare rows, not runs.",
-             "", "| type | source | size MiB | bpw all | bpw linears | PPL | vs base | decode tok/s | type mix |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        if r.get("skipped"):
-            lines.append(f"| {r['name']} | {r['source']} | | | | | | | skipped: {r['skipped']} |")
-            continue
-        delta = "" if r is base else f"{100 * (r['ppl'] / base['ppl'] - 1):+.2f}%"
-        tps = f"{r['tps']:.1f}" if r.get("tps") else ""
-        lines.append(f"| {r['name']} | {r['source']} | {r['mib']:.1f} | {r['bpw']:.3f} | {r['lin_bpw']:.3f} | "
-                     f"{r['ppl']:.4f} | {delta} | {tps} | {r['mix']} |")
-    lines += ["", "Expectations (checked by the script, not by tests):", ""] + [f"- {n}" for n in notes]
-    if minilm:
-        lines += ["", "### all-MiniLM-L6-v2 sentence embeddings", "",
-                  f"Cosine similarity of each format's embeddings with float32's over {len(SENTENCES)} sentences "
-                  "(mean-pooled, normalised, as the model folder's sentence-transformers config says); every "
-                  "encoder-layer linear in the format, the word-embedding table at q8; llama.cpp types quantized "
-                  "by inferflow with llama.cpp's reference quantizers.", "",
-                  "| type | mean cosine | min cosine | bpw linears |", "|---|---:|---:|---:|"]
-        lines += [f"| {f} | {mean:.6f} | {mn:.6f} | {bpw} |" for f, mean, mn, bpw in minilm]
-    lines += ["", END]
-    return "\n".join(lines)
-
-
-def write_section(doc: Path, section: str) -> None:
-    text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Quantization\n"
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
-
-
-def expectations(rows: list[dict]) -> list[str]:
-    by = {r["name"]: r for r in rows if not r.get("skipped")}
-    out = []
-
-    def say(ok: bool | None, what: str) -> None:
-        out.append(f"{'PASS' if ok else 'FAIL' if ok is not None else 'N/A'}: {what}")
-        log(out[-1])
-
-    b = by.get("base")
-    if b and "q8" in by:
-        d = 100 * (by["q8"]["ppl"] / b["ppl"] - 1)
-        say(abs(d) <= 0.5, f"q8 within 0.5% of the base perplexity ({d:+.3f}%)")
-    if "q4" in by and "q4_0" in by:
-        say(by["q4"]["ppl"] <= by["q4_0"]["ppl"],
-            f"our q4 no worse than llama.cpp q4_0 (PPL {by['q4']['ppl']:.4f} vs {by['q4_0']['ppl']:.4f})")
-    else:
-        say(None, "our q4 vs llama.cpp q4_0 (a row is missing)")
-    if all(k in by for k in ("q3", "q3.5", "q4")):
-        p3, p35, p4 = by["q3"]["ppl"], by["q3.5"]["ppl"], by["q4"]["ppl"]
-        bpw = by["q3.5"]["lin_bpw"]
-        say(p4 < p35 < p3, f"q3.5 strictly between q3 and q4 (PPL {p4:.4f} < {p35:.4f} < {p3:.4f})")
-        say(bpw <= 3.6, f"q3.5 at most 3.6 bpw ({bpw:.3f} over the layer linears)")
-    return out
-
-
 # ---- main -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--stride", type=int, help="default: ctx")
     ap.add_argument("--mode", default="strided", choices=("strided", "llamacpp"))
-    ap.add_argument("--limit-tokens", type=int, help="use the first N tokens of the text")
+    ap.add_argument("--limit-tokens", type=int, default=3072,
+                    help="use the first N tokens of the text (default 3072 of its 7639: ~15 min on 2 busy cores; "
+                         "0: all)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for perplexity (decode runs on 1)")
-    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--decode-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--formats", default=",".join(OURS), help="our formats to measure (comma-separated)")
     ap.add_argument("--llamacpp", default=",".join(LCP), help="llama.cpp recipes to measure ('' for none)")
@@ -328,8 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="folder for the F32 base and quantized files (default: a temporary one)")
     ap.add_argument("--out", default=str(DOC), help="document to update (marked section)")
     args = ap.parse_args(argv)
-    command = "PYTHONPATH=.:/tmp/lcponly python tools/quant_report.py " + " ".join(argv if argv is not None
-                                                                                     else sys.argv[1:])
+    command = (f"PYTHONPATH=.:/tmp/lcponly python tools/quant_report.py --ctx {args.ctx} --stride "
+               f"{args.stride or args.ctx} --mode {args.mode}"
+               + (f" --limit-tokens {args.limit_tokens}" if args.limit_tokens else "")
+               + f" --threads {args.threads} --decode-tokens {args.decode_tokens} --repeats {args.repeats}"
+               + ("" if args.formats == ",".join(OURS) else f" --formats {args.formats}")
+               + ("" if args.llamacpp == ",".join(LCP) else f" --llamacpp '{args.llamacpp}'")
+               + (" --no-minilm" if args.no_minilm else ""))
     t_start = time.time()
     stride = args.stride or args.ctx
     work = Path(args.work or tempfile.mkdtemp(prefix="quant_report-"))
@@ -406,11 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     b = rows[0]
     import platform
 
-    settings = {"minutes": (time.time() - t_start) / 60, "cpu": f"{torch.get_num_threads()}-thread "
-                f"{platform.machine()} CPU", "model": src.name, "tokens": len(ids),
+    try:
+        import llama_cpp
+
+        lcp_version = getattr(llama_cpp, "__version__", "?")
+    except Exception:  # noqa: BLE001
+        lcp_version = "not available"
+    settings = {"minutes": (time.time() - t_start) / 60, "cpu": f"a {os.cpu_count()}-core {platform.machine()} "
+                f"CPU, perplexity on {args.threads} threads", "model": src.name, "tokens": len(ids),
+                "llama_cpp": lcp_version,
                 "limit_note": f" (the first {args.limit_tokens} of the text)" if args.limit_tokens else "",
                 "mode": args.mode, "ctx": args.ctx, "stride": stride, "scored": b["scored"], "windows": b["windows"],
-                "prompt": len(prompt), "new": args.decode_tokens, "repeats": args.repeats, "threads": 1}
+                "prompt": len(prompt), "sentences": len(SENTENCES), "new": args.decode_tokens, "repeats": args.repeats, "threads": 1}
     section = render(rows, minilm, notes, settings, command.strip())
     write_section(Path(args.out), section)
     print(section)
