@@ -23,12 +23,7 @@ GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationTyp
         "q5_1": gguf.GGMLQuantizationType.Q5_1}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: see conftest.py
 
 
 def _rel(w: torch.Tensor, y: torch.Tensor) -> float:

@@ -13,14 +13,7 @@ from inferflow.errors import InferflowError
 EOS = 9
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # every tensor here is tiny: on a busy shared CPU each multi-threaded kernel waits for a second thread
-    # (seen: 20 ms per [3, 48] softmax with 2 threads, 4 us with 1)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: see conftest.py
 
 
 def seq(prompt=(1,), output=(), **kw) -> SeqSampling:

@@ -12,25 +12,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .chat_request import ChatOptions, chat_options, top_logprobs_count
-from .errors import APIError, bad_request
+from .errors import APIError
 from .framing import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, CancellingStream, sse_event
 from .generation import Generation
 from .guided import apply_chat_guidance
-from .protocol import StreamOptions, check_logprobs, check_type, model_name, require_json_object, sampling_params, \
-    stream_options
+from .protocol import StreamOptions, check_logprobs, check_type, sampling_params, stream_options
 from .responses import TokenText, chat_logprobs, new_id, new_logprobs, now, usage
-from .state import read_json
+from .state import open_model_request
 from .tool_calls import ToolParser, ToolStream, parser_for
 
 
 async def chat_completions(request: Request) -> Response:
-    state = request.app.state.service
-    state.check_key(request)
-    body = require_json_object(await read_json(request, state.config.max_body_bytes))
-    state.check_ready()
-    served = state.model(model_name(body, list(state.models)))
-    if not served.generates:
-        raise bad_request(f"{served.name!r} is an embedding model; use /v1/embeddings", "model")
+    state, body, served = await open_model_request(request, generates=True)
     opts = chat_options(body)
     so = stream_options(body)
     params = sampling_params(body, served.cfg.sampling, served.vocab_size, max_tokens_field="max_completion_tokens",

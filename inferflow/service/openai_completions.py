@@ -14,9 +14,9 @@ from starlette.responses import JSONResponse, Response
 from .errors import APIError, bad_request
 from .framing import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, CancellingStream, sse_event
 from .generation import Generation, until_disconnect
-from .protocol import check_logprobs, check_type, model_name, require_json_object, sampling_params, stream_options
+from .protocol import check_logprobs, check_type, sampling_params, stream_options
 from .responses import TokenText, completion_logprobs, new_id, new_logprobs, now, usage
-from .state import read_json
+from .state import open_model_request
 
 
 def _prompts(body: dict[str, Any], served: Any) -> list[tuple[list[int], str | None]]:
@@ -47,13 +47,7 @@ def _prompts(body: dict[str, Any], served: Any) -> list[tuple[list[int], str | N
 
 
 async def completions(request: Request) -> Response:
-    state = request.app.state.service
-    state.check_key(request)
-    body = require_json_object(await read_json(request, state.config.max_body_bytes))
-    state.check_ready()
-    served = state.model(model_name(body, list(state.models)))
-    if not served.generates:
-        raise bad_request(f"{served.name!r} is an embedding model; use /v1/embeddings", "model")
+    state, body, served = await open_model_request(request, generates=True)
     if body.get("suffix"):
         raise bad_request("suffix is not supported", "suffix")
     so = stream_options(body)

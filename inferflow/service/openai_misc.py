@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from .chat_request import chat_options
 from .errors import APIError, bad_request, context_overflow
 from .protocol import check_type, model_name, require_json_object
-from .state import read_json
+from .state import open_model_request, read_json
 
 
 def _model_card(served: Any) -> dict[str, Any]:
@@ -57,13 +57,7 @@ def _inputs(body: dict[str, Any], served: Any) -> list[list[int]]:
 
 
 async def embeddings(request: Request) -> Response:
-    state = request.app.state.service
-    state.check_key(request)
-    body = require_json_object(await read_json(request, state.config.max_body_bytes))
-    state.check_ready()
-    served = state.model(model_name(body, list(state.models)))
-    if served.generates:
-        raise bad_request(f"{served.name!r} generates text; embeddings need an encoder-only model", "model")
+    state, body, served = await open_model_request(request, generates=False)
     fmt = check_type(body, "encoding_format", (str,), "'float' or 'base64'") or "float"
     if fmt not in ("float", "base64"):
         raise bad_request(f"{fmt!r} is not 'float' or 'base64'", "encoding_format")

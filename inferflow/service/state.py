@@ -8,9 +8,10 @@ from typing import Any
 from starlette.requests import Request
 
 from .config import ServiceConfig
-from .errors import APIError, model_not_found, too_large, unauthorized
+from .errors import APIError, bad_request, model_not_found, too_large, unauthorized
 from .generation import Slots
 from .metrics import ServiceMetrics
+from .protocol import model_name, require_json_object
 
 
 class ServiceState:
@@ -77,3 +78,18 @@ async def read_json(request: Request, limit: int) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+async def open_model_request(request: Request, *, generates: bool) -> tuple[Any, dict[str, Any], Any]:
+    """The common start of an OpenAI route: API key, JSON body, readiness and the named model of the right kind
+    (a generating model, or an encoder-only one for embeddings). Returns (state, body, served model)."""
+    state = request.app.state.service
+    state.check_key(request)
+    body = require_json_object(await read_json(request, state.config.max_body_bytes))
+    state.check_ready()
+    served = state.model(model_name(body, list(state.models)))
+    if generates and not served.generates:
+        raise bad_request(f"{served.name!r} is an embedding model; use /v1/embeddings", "model")
+    if not generates and served.generates:
+        raise bad_request(f"{served.name!r} generates text; embeddings need an encoder-only model", "model")
+    return state, body, served
