@@ -217,3 +217,22 @@ def write_phi2(model: torch.nn.Module, path: Path, qtype: Q, fused: bool = False
     w.write_tensors_to_file()
     w.close()
     return held
+
+
+# fp16 scale fields of each k-quant block (ggml-common.h)
+K_FP16_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """uint8 [rows, row_bytes]: gguf-py's encoder on Gaussian weights (legacy types) or random bytes with
+    Gaussian fp16 scales (k-quants, which gguf-py cannot encode)."""
+    rng = np.random.default_rng(seed)
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
+        w = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
+        return torch.from_numpy(gguf.quants.quantize(w, qtype).copy())
+    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    n = rows * cols // elems
+    b = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+    for off in K_FP16_FIELDS[qtype]:
+        b[:, off:off + 2] = (rng.standard_normal(n) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return torch.from_numpy(b.reshape(rows, -1))

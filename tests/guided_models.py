@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import inferflow
 from parity import DEVICE
+from service_helpers import tiny_llama_config
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -45,9 +46,7 @@ def json_tokenizer(folder: Path) -> int:
 
 
 def _config(vocab: int, **kw) -> transformers.LlamaConfig:
-    base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False)
-    return transformers.LlamaConfig(**{**base, **kw})
+    return tiny_llama_config(vocab, **{"intermediate_size": 48, "max_position_embeddings": 1024, **kw})
 
 
 def json_folder(folder: Path, seed: int = 0) -> Path:

@@ -29,7 +29,7 @@ CORPUS = ["hello world, this is a tiny test.", "héllo wörld 你好 🙂", "The
           "user: hi there", "assistant: hello!", "system: be nice and brief", "what is the weather in Paris?"]
 
 
-def _llama_config(vocab: int, **kw) -> transformers.LlamaConfig:
+def tiny_llama_config(vocab: int, **kw) -> transformers.LlamaConfig:
     base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
     return transformers.LlamaConfig(**{**base, **kw})
@@ -48,7 +48,7 @@ def chat_llama(folder: Path, seed: int = 0) -> Path:
     tk.save(str(folder / "tokenizer.json"))
     vocab = tk.get_vocab_size()
     torch.manual_seed(seed)
-    transformers.LlamaForCausalLM(_llama_config(vocab, bos_token_id=0, eos_token_id=1)).save_pretrained(folder)
+    transformers.LlamaForCausalLM(tiny_llama_config(vocab, bos_token_id=0, eos_token_id=1)).save_pretrained(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<|im_end|>",
         "chat_template": CHATML}))
@@ -62,7 +62,7 @@ def successor_llama(folder: Path, tk: Tokenizer, chain: list[int], eos: int, *, 
     vocab = tk.get_vocab_size()
     hidden = 64
     assert len(chain) == len(set(chain)) and len(chain) <= hidden, "a bigram chain needs distinct tokens"
-    cfg = _llama_config(vocab, hidden_size=hidden, intermediate_size=64, bos_token_id=bos, eos_token_id=eos)
+    cfg = tiny_llama_config(vocab, hidden_size=hidden, intermediate_size=64, bos_token_id=bos, eos_token_id=eos)
     model = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
         for layer in model.model.layers:

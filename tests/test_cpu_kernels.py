@@ -1,13 +1,12 @@
 """Fast CPU linears over held GGUF weights (inferflow/quant/cpu_kernels.py, int4pack.py) against F.linear with the
 bit-exact dequantized weight, for every block type the loader holds packed; the kernel-set knob; memory."""
 import gguf
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import inferflow
-from gguf_files import write_llama
+from gguf_files import random_blocks, write_llama
 from inferflow.errors import InferflowError
 from inferflow.quant import PackedTensor, cpu_kernels, ggml, int4pack
 from inferflow.registry import create
@@ -15,27 +14,10 @@ from inferflow.registry import create
 Q = gguf.GGMLQuantizationType
 LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 KQUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# fp16 scale fields of each k-quant block (ggml-common.h)
-K_FP16_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 # Tolerances, as max|y - y_exact| / max|y_exact|. Exact paths: float32 reassociation only (measured 0 .. 6.4e-7).
 # int4 paths: x, scale and zero rounded to bf16 and a bf16 output (measured 2.3e-3 .. 4.8e-3 on these blocks, for
 # the kernel and for the large-batch bf16 GEMM path alike).
 EXACT_TOL, BF16_TOL = 2e-6, 1.5e-2
-
-
-def random_blocks(qtype: Q, rows: int, cols: int, seed: int) -> torch.Tensor:
-    """uint8 [rows, row_bytes]: gguf-py's encoder on Gaussian weights (legacy types) or random bytes with
-    Gaussian fp16 scales (k-quants, which gguf-py cannot encode)."""
-    rng = np.random.default_rng(seed)
-    if qtype in LEGACY:
-        w = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
-        return torch.from_numpy(gguf.quants.quantize(w, qtype).copy())
-    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    n = rows * cols // elems
-    b = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
-    for off in K_FP16_FIELDS[qtype]:
-        b[:, off:off + 2] = (rng.standard_normal(n) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, 2)
-    return torch.from_numpy(b.reshape(rows, -1))
 
 
 def held_linear(qtype: Q, rows: int, cols: int, kernels: str, bias: bool = False, seed: int = 0):

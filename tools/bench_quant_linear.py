@@ -24,34 +24,20 @@ import time
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # random GGUF blocks
 
 from inferflow.quant import PackedTensor, cpu_kernels, ggml, int4pack  # noqa: E402
 from inferflow.quant.packed import hold, packed_linear  # noqa: E402
+from gguf_files import random_blocks  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-LEGACY = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}
-K_FP16_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 LAYER_SHAPES = [(576, 576), (1536, 576), (576, 1536)]  # (N, K): attention, gate/up, down of the default model
 VOCAB = (49152, 576)                                    # its tied head / token embedding
 K_SHAPES = [(576, 768), (1536, 768), (576, 1536)]       # k-quants need K % 256 == 0: 576 -> 768
-
-
-def random_blocks(qtype: Q, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    if qtype in LEGACY:
-        return torch.from_numpy(gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05,
-                                                     qtype).copy())
-    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    n = rows * cols // elems
-    b = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
-    for off in K_FP16_FIELDS[qtype]:
-        b[:, off:off + 2] = (rng.standard_normal(n) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, 2)
-    return torch.from_numpy(b.reshape(rows, -1))
 
 
 def median_times(fns: dict, rounds: int) -> dict[str, float]:

@@ -103,14 +103,18 @@ def _path(value: str | None, base: Path | None) -> str | None:
     return str(cand) if cand.exists() else value
 
 
+def _refuse_unknown(d: dict, allowed: set[str], file: str | None, where: str) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise ServiceConfigError(file, where, f"unknown key(s) {', '.join(unknown)}; expected some of "
+                                              f"{', '.join(sorted(allowed))}")
+
+
 def model_config(d: Any, file: str | None, where: str, base: Path | None) -> ModelConfig:
     """One validated model entry (``where`` names it in errors: ``models[0]``)."""
     if not isinstance(d, dict):
         raise ServiceConfigError(file, where, "expected a mapping with at least 'source' or 'name'")
-    unknown = sorted(set(d) - _MODEL_KEYS)
-    if unknown:
-        raise ServiceConfigError(file, where, f"unknown key(s) {', '.join(unknown)}; expected some of "
-                                              f"{', '.join(sorted(_MODEL_KEYS))}")
+    _refuse_unknown(d, _MODEL_KEYS, file, where)
     d = dict(d)
     for key in ("name", "source", "spec", "dtype", "device", "chat_template", "prompt_template",
                 "encoder_input_template"):
@@ -154,10 +158,7 @@ def config_from_dict(data: Any, file: str | None = None) -> ServiceConfig:
         data = {}
     if not isinstance(data, dict):
         raise ServiceConfigError(file, "", "the top level must be a mapping")
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise ServiceConfigError(file, "", f"unknown key(s) {', '.join(unknown)}; expected some of "
-                                           f"{', '.join(sorted(_TOP_KEYS))}")
+    _refuse_unknown(data, _TOP_KEYS, file, "")
     data = _expand(data, {"config_dir": str(base) if base else os.getcwd()}, file, "")
     _check_type(file, "host", data.get("host"), (str,), "a string")
     for key in ("port", "max_body_bytes", "max_concurrent_requests"):
@@ -177,10 +178,7 @@ def config_from_dict(data: Any, file: str | None = None) -> ServiceConfig:
     if cors is not None:
         if not isinstance(cors, dict):
             raise ServiceConfigError(file, "cors", "expected a mapping (allow_origins, allow_methods, ...)")
-        bad = sorted(set(cors) - _CORS_KEYS)
-        if bad:
-            raise ServiceConfigError(file, "cors", f"unknown key(s) {', '.join(bad)}; expected some of "
-                                                   f"{', '.join(sorted(_CORS_KEYS))}")
+        _refuse_unknown(cors, _CORS_KEYS, file, "cors")
     models = data.get("models")
     if models is None:
         models = [{}]
