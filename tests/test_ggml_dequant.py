@@ -81,7 +81,21 @@ def test_packed_rows_and_dtype():
         PackedTensor(raw, int(Q.Q4_1), (10, 60))
 
 
-@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ4_NL, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.Q8_K], ids=lambda q: q.name)
+def test_iq4_nl_exact():
+    """IQ4_NL (llama.cpp's fallback for k-quant tensors with rows not a multiple of 256) against gguf-py."""
+    rng = np.random.default_rng(20)
+    b = rng.integers(0, 256, (40, 18), dtype=np.uint8)
+    scales = np.concatenate([rng.standard_normal(36) * 10.0 ** rng.integers(-6, 4, 36),
+                             [0.0, -0.0, 6e-8, 65504.0]]).astype(np.float16)
+    b[:, :2] = scales.view(np.uint8).reshape(40, 2)
+    ref = gguf.quants.dequantize(b, Q.IQ4_NL)
+    same_bits(ggml.dequantize(torch.from_numpy(b), int(Q.IQ4_NL), (40, 32)), ref)
+    ggml.check_supported(int(Q.IQ4_NL))
+    rows = PackedTensor(torch.from_numpy(b.reshape(20, 36)), int(Q.IQ4_NL), (20, 64))  # rows of 2 blocks
+    same_bits(rows.dequantize(), ref.reshape(20, 64))
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.Q8_K], ids=lambda q: q.name)
 def test_unsupported_types_named(qtype):
     with pytest.raises(FormatError) as e:
         ggml.check_supported(int(qtype), "blk.3.ffn_up.weight", "m.gguf")

@@ -96,8 +96,11 @@ def test_error_ordering_and_q35_budget(minilm, default_model):
     assert q35.bpw <= 3.6
     for w in (_noise(seed=3), minilm, default_model):
         errs = [_rel(w, formats.get(n).quantize(w).dequantize()) for n in formats.OURS]
-        assert errs == sorted(errs), dict(zip(formats.OURS, errs))
         e = dict(zip(formats.OURS, errs))
+        if w is default_model:  # its weights lie on Q4_1 grids per 32: q4's 32-weight blocks nearly land on them
+            assert e["q4"] < e["q3.5"]
+            errs = [x for n, x in e.items() if n != "q4"]
+        assert errs == sorted(errs), e
         assert e["q4"] < e["q3.5"] < e["q3"]
         assert e["q3.5"] < 0.75 * e["q3"]  # a real step, not a rounding difference
 
@@ -154,17 +157,20 @@ def test_q8_is_q8_0_layout():
     assert _rel(w, p.dequantize()) <= _rel(w, formats.get("q8_0").quantize(w).dequantize())
 
 
-def test_q4_maps_exactly_onto_the_int4_kernel():
+def test_q4_maps_onto_the_int4_kernel():
     if not int4pack.available():
         pytest.skip("torch lacks the CPU int4 kernel")
     f = formats.get("q4")
     w = _noise(64, 256, seed=4)
     p = f.quantize(w)
-    assert int4pack.supports(p.qtype, p.shape) and int4pack.group_of(p.qtype) == 64
+    assert int4pack.supports(p.qtype, p.shape) and int4pack.group_of(p.qtype) == 32
     packed, sz = int4pack.pack(p.data, p.qtype, p.shape)
-    assert sz.shape == (256 // 64, 64, 2)
-    if int4pack.can_unpack():  # the kernel's weights are exactly the format's
-        assert torch.equal(int4pack.dequantize(packed, sz, p.shape, torch.float32), p.dequantize())
+    assert sz.shape == (256 // 32, 64, 2)
+    if int4pack.can_unpack():  # the kernel's weights: the format's, with scale and zero rounded to bf16
+        wk, wq = int4pack.dequantize(packed, sz, p.shape, torch.float32), p.dequantize()
+        assert torch.equal(int4pack.unpack_codes(packed, 64, 256).to(torch.int32),
+                           formats._q4.codes_and_affine(p.data.reshape(-1, 18))[0].reshape(64, 256))
+        assert (wk - wq).abs().max() <= 8e-3 * w.abs().max()
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
     ref = x.bfloat16().float() @ p.dequantize().t()
     y = int4pack.matmul(x, packed, sz)
@@ -187,4 +193,4 @@ def test_names_and_errors():
     with pytest.raises(Exception, match="unknown quantization format"):
         formats.get("q7")
     with pytest.raises(Exception, match="whole 64-weight blocks"):
-        formats.get("q4").quantize(torch.zeros(2, 96))
+        formats.get("q5").quantize(torch.zeros(2, 96))

@@ -14,6 +14,8 @@
 2. The int4 kernel's per-row cost against one dequantization of the weight: where INT4_MAX_ROWS comes from.
 3. The embedded default model (SmolLM2-135M-Instruct, Q4_1 + Q8_0): Model.generate_ids of --tokens greedy tokens
    under both kernel sets, interleaved; ms/token = (time(tokens) - time(1 token)) / (tokens - 1).
+4. (first) inferflow's own formats (--formats; --only-formats runs just this): one default-model layer of linears
+   at M = 1, fast vs reference vs float32 F.linear, with the implied decode tok/s (30 layers, linears only).
 """
 from __future__ import annotations
 
@@ -72,7 +74,9 @@ def candidates(qtype: Q, rows: int, cols: int) -> tuple[dict, torch.Tensor, torc
            "fast": lambda x: cpu_kernels.linear(fast_mod, "weight", x, None)}
     if fast_mod.kernels["weight"] == "int4":
         p, sz = fast_mod.weight_int4, fast_mod.weight_int4_sz
-        out["int4-dequant"] = lambda x: int4pack.matmul_dequantized(x, p, sz, (rows, cols), cpu_kernels.CHUNK_ELEMS)
+        k = len(int4pack.parts_of(int(qtype)))  # Q8_0: two planes side by side along K, x repeated
+        out["int4-dequant"] = lambda x: int4pack.matmul_dequantized(x.repeat(1, k), p, sz, (rows, k * cols),
+                                                                    cpu_kernels.CHUNK_ELEMS)
     if qtype == Q.Q8_0:
         out.update(_q8_alternatives(blocks, rows, cols))
     if fast_mod.kernels["weight"] == "reference":  # the candidate measured and rejected for these types
@@ -163,6 +167,47 @@ def end_to_end(tokens: int, rounds: int) -> None:
           f"{same}/{tokens}; fast says: {tok.decode(outs['fast'])!r}")
 
 
+# One decoder layer of the default model: q, k, v, o, gate, up, down as (N, K); 30 such layers per token
+DEFAULT_LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+
+
+def format_table(names: list[str], rounds: int, layers: int = 30) -> None:
+    """inferflow's own formats, one decode step (M = 1) through a default-model layer of linears: fast (the kernel
+    each format runs by default) against reference (bit-exact decode every call) and float32 F.linear."""
+    from inferflow.quant import formats
+    from inferflow.registry import create
+
+    print(f"\n## 4. inferflow formats: one default-model layer of linears at M=1 (median ms, {rounds} interleaved "
+          f"rounds); tok/s = 1 / ({layers} layers x layer time), linears only")
+    fns, errs, kinds = {}, {}, {}
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(n, k, generator=g) * 0.02 for n, k in DEFAULT_LAYER]
+    xs = {k: torch.randn(1, k, generator=g) for k in {k for _, k in DEFAULT_LAYER}}
+    fns["float32"] = lambda: [F.linear(xs[w.shape[1]], w) for w in ws]
+    for name in names:
+        for kernels in ("fast", "reference"):
+            mods = []
+            for w in ws:
+                lin = create("linear", {"in_features": w.shape[1], "out_features": w.shape[0], "bias": False})
+                with cpu_kernels.using(kernels):
+                    lin.load_packed("weight", formats.quantize(w, name), torch.float32)
+                mods.append(lin)
+            fns[f"{name}/{kernels}"] = lambda mods=mods: [m(xs[m.in_features]) for m in mods]
+            if kernels == "fast":
+                kinds[name] = sorted({m.kernels["weight"] for m in mods})
+                exact = [F.linear(xs[w.shape[1]], formats.quantize(w, name).dequantize()) for w in ws]
+                errs[name] = max(((m(xs[w.shape[1]]) - e).abs().max() / e.abs().max()).item()
+                                 for m, w, e in zip(mods, ws, exact))
+    t = median_times(fns, rounds)
+    print(f"  {'format':8s} {'kernel':8s} {'fast ms':>8s} {'ref ms':>8s} {'fast/ref':>8s} {'fast tok/s':>10s} "
+          f"{'ref tok/s':>9s} {'err':>8s}")
+    print(f"  {'float32':8s} {'F.linear':8s} {t['float32']:8.3f} {'':8s} {'':8s} {1e3 / (layers * t['float32']):10.1f}")
+    for name in names:
+        f, r = t[f"{name}/fast"], t[f"{name}/reference"]
+        print(f"  {name:8s} {','.join(kinds[name]):8s} {f:8.3f} {r:8.3f} {r / f:7.1f}x {1e3 / (layers * f):10.1f} "
+              f"{1e3 / (layers * r):9.1f} {errs[name]:8.1e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -171,11 +216,18 @@ def main() -> None:
     ap.add_argument("--e2e-rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="default model's types and shapes only (Q4_1, Q8_0 head)")
     ap.add_argument("--no-e2e", action="store_true")
+    ap.add_argument("--formats", default="q8,q6,q5,q4,q3.5,q3,q2",
+                    help="inferflow formats for section 4 ('' to skip)")
+    ap.add_argument("--only-formats", action="store_true", help="section 4 only")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {a.threads} thread(s); "
           f"INT4_MAX_ROWS={cpu_kernels.INT4_MAX_ROWS}, CHUNK_ELEMS={cpu_kernels.CHUNK_ELEMS}")
     ms = (1, 4, 16, 32)
+    if a.formats:
+        format_table([f for f in a.formats.split(",") if f], a.rounds)
+    if a.only_formats:
+        return
     if a.quick:
         kernel_table([Q.Q4_1], LAYER_SHAPES, ms, a.rounds)
         kernel_table([Q.Q8_0], [VOCAB], ms, a.rounds)

@@ -144,7 +144,7 @@ def main() -> None:
         t0 = time.time()
         errs = [rel_error(ws, q) for ws in (mini, dm, noise)]
         rows.append((name, f.bpw, *errs, sum(w.numel() for w in mini + dm + noise) / (time.time() - t0) / 1e6))
-    exact = [(n, exact_affine(formats.FORMATS[n].quantize_blocks.__self__)) for n in ("q6", "q5", "q3", "q2")]
+    exact = [(n, exact_affine(formats.FORMATS[n].quantize_blocks.__self__)) for n in ("q6", "q5", "q4", "q3", "q2")]
     for name, q in exact:
         rows.append((f"{name}, float32 header", formats.get(name).bpw,
                      *[rel_error(ws, q) for ws in (mini, dm, noise)], float("nan")))

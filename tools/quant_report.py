@@ -14,8 +14,8 @@ What is measured (the written section says it again, with the command line and t
 - llama.cpp rows: ``llama_cpp.llama_model_quantize`` (llama-cpp-python, imported lazily; rows skipped with a note
   when it is missing) of the F32 base GGUF with the file type's own recipe, loaded and run by inferflow. The
   default model's hidden size (576) is not a multiple of 256, so llama.cpp itself swaps most k-quant tensors for
-  fallback types (IQ4_NL, Q5_0, ...); the type mix column lists what the file really holds. IQ4_NL, which
-  inferflow's GGUF loader lacks, is registered here with a dequantizer checked bit-exact against gguf-py.
+  fallback types (IQ4_NL, Q5_0, ...); the type mix column lists what the file really holds (IQ4_NL
+  included: inferflow/quant/ggml.py decodes it, bit-exact against gguf-py).
 - Size: bytes of every weight the loaded model holds (a tied table once), MiB; bpw: 8 * bytes / weights, over all
   weights and over the decoder-layer linears alone.
 - Perplexity: :mod:`inferflow.eval.perplexity` on tests/data/gpl-3.txt (GPL-3 text, verbatim), quality measured
@@ -24,7 +24,7 @@ What is measured (the written section says it again, with the command line and t
   prompt; (T(1 + n) - T(1)) gives n decode steps; models interleaved, median over repeats, one CPU thread.
 - all-MiniLM-L6-v2 (float32 safetensors): cosine of each format's sentence embeddings with float32's.
 
-Helpers: tools/quant_report_files.py (the F32 base, llama.cpp's files, IQ4_NL), tools/quant_report_doc.py (the
+Helpers: tools/quant_report_files.py (the F32 base, llama.cpp's files), tools/quant_report_doc.py (the
 section's text and the checks).
 """
 from __future__ import annotations

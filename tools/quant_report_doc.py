@@ -36,12 +36,16 @@ def render(rows: list[dict], minilm: list, notes: list[str], settings: dict, com
              "bpw linears = the same over the decoder-layer linears only (the format's own rate).",
              "- Caveat: the default model ships its layer linears as Q4_1, so the float32 base already sits on "
              "Q4_1's 4-bit grid per 32 weights. Formats with 32-weight blocks can land on that grid (llama.cpp's "
-             "q4_1 reproduces it exactly: the control row), formats with 64-weight blocks cannot; "
-             "all-MiniLM-L6-v2 below has real float32 weights and no such bias.",
+             "q4_1 reproduces it exactly: the control row), formats with 64-weight blocks cannot. Our q4 "
+             "(asymmetric, 32-weight blocks) comes close to that grid too, so its margin over q4_0 here is larger "
+             "than on real weights; all-MiniLM-L6-v2 below has real float32 weights and no such bias.",
              f"- Decode: `Model.generate_ids`, default (fast) CPU kernels, 1 request, greedy, {settings['prompt']}-token "
              f"prompt, {settings['new']} decode steps timed as T(1+n) - T(1), {settings['repeats']} interleaved "
-             f"repeats, median, {settings['threads']} thread(s). Types without a fast path (IQ4_NL, q3.5, q3, q2, "
-             f"...) decode their weights at every step. The machine is shared: compare rows, not runs.",
+             f"repeats, median, {settings['threads']} thread(s). Our formats run torch's int4 kernel (q4, q3, q2: one "
+             f"call; q6, q5: two, low and high bit planes; q3.5: three, its levels split), q8 / Q8_0 a chunked int8 "
+             f"decoder; types without a fast path (Q5_0, IQ4_NL, k-quants but Q4_K) decode their weights at every "
+             f"step. **Decode tok/s are noisy**: the 2-core machine was shared with other jobs during the run, so "
+             f"compare rows of one run (interleaved), not runs.",
              f"- llama-cpp-python {settings['llama_cpp']}.",
              "", "| type | source | size MiB | bpw all | bpw linears | PPL | vs base | decode tok/s | type mix |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from . import search
 from .bitplanes import encode_log_scale, log_scales
@@ -53,10 +54,13 @@ def _scales(device: torch.device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _triples_cpu() -> torch.Tensor:
-    """float32 [1024, 3]: the three levels of each 10-bit code (codes 1000..1023 are unused: zeros)."""
+    """float32 [1024, 3]: the three levels of each 10-bit code. Codes 1000..1009 never occur in a block's triples;
+    the decoder uses them for the 64th weight (row 1000 + q = [LEVELS[q], 0, 0]), so one gather decodes a block."""
     t = torch.arange(1000)
     idx = torch.stack([t % 10, t // 10 % 10, t // 100], dim=1)
-    return torch.cat([LEVELS[idx], torch.zeros(24, 3)])
+    last = torch.zeros(24, 3)
+    last[:10, 0] = LEVELS
+    return torch.cat([LEVELS[idx], last])
 
 
 def quantize(x: torch.Tensor) -> torch.Tensor:
@@ -73,12 +77,59 @@ def quantize(x: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(b: torch.Tensor) -> torch.Tensor:
-    """uint8 [n, 28] -> float32 [n, 64]."""
+    """uint8 [n, 28] -> float32 [n, 64]: one embedding gather of 22 table rows per block (21 triples and the 64th
+    weight as row 1000 + q63), then one multiply by the block's scale."""
     n, dev = b.shape[0], b.device
     tail = b[:, 21:28].long()
     word = (tail << (8 * torch.arange(7, device=dev))).sum(1, keepdim=True)
     hi = (word >> (2 * torch.arange(TRIPLES, device=dev))) & 3
-    t = b[:, :21].long() | (hi << 8)
-    lv = torch.cat([_triples_cpu().to(dev)[t].view(n, 63),
-                    torch.cat([LEVELS, torch.zeros(6)]).to(dev)[(word >> 42) & 15]], dim=1)
-    return lv.mul_(_scales(dev)[(word >> 46) & 1023])
+    t = torch.cat([b[:, :21].long() | (hi << 8), ((word >> 42) & 15) + 1000], dim=1)      # [n, 22]
+    lv = F.embedding(t, _triples_cpu().to(dev)).view(n, 66)[:, :64]
+    return lv * _scales(dev)[(word >> 46) & 1023]
+
+
+def codes(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [n, 28] -> (level indices int64 [n, 64] in 0..9, signed block scale float32 [n, 1])."""
+    n, dev = b.shape[0], b.device
+    word = (b[:, 21:28].long() << (8 * torch.arange(7, device=dev))).sum(1, keepdim=True)
+    t = b[:, :21].long() | (((word >> (2 * torch.arange(TRIPLES, device=dev))) & 3) << 8)
+    digits = torch.stack([t % 10, t // 10 % 10, t // 100], dim=2).view(n, 63)
+    return torch.cat([digits, (word >> 42) & 15], dim=1), _scales(dev)[(word >> 46) & 1023]
+
+
+@functools.lru_cache(maxsize=None)
+def _int4_split() -> tuple[tuple[torch.Tensor, float, float], ...]:
+    """LEVELS as a sum of three int4-kernel parts, L[q] ~ sum_k gamma_k * (c_k[q] - 8) + zeta_k with codes c_k in
+    0..15: q itself (shifted) times the best-fitting slope, then its residual on 16 steps, then that residual's
+    residual on 16 steps; max error 3.2e-4 of the largest level, below bf16's rounding of it (2e-3). Every constant
+    goes into the first part's zeta, and q's shift keeps that small (|zeta| < slope / 2): the kernel rounds each
+    zero to bf16 and a zero's error moves a whole block. Lets torch's int4 kernel run q3.5 (three calls)."""
+    lv, q = LEVELS.double(), torch.arange(10, dtype=torch.float64)
+    slope, best = 0.0, None
+    for k in range(20001):  # the slope that leaves the narrowest residual: fewest levels lost to the 16-step grid
+        b = 0.15 + 0.07 * k / 20000
+        r = lv - b * q
+        if best is None or r.max() - r.min() < best:
+            slope, best = b, float(r.max() - r.min())
+    rest, const, parts = lv - slope * q, 0.0, []
+    for _ in range(2):
+        lo, step = float(rest.min()), float(rest.max() - rest.min()) / 15
+        c = ((rest - lo) / step).round().long()
+        parts.append((c, step, 0.0))
+        const += lo + 8 * step          # gamma (c - 8) + (lo + 8 gamma) = lo + gamma c
+        rest = rest - (lo + step * c)
+    shift = min(range(7), key=lambda m: abs(const - slope * (m - 8)))  # codes q + shift stay within 0..15
+    return ((q.long() + shift, slope, const - slope * (shift - 8)), *parts)
+
+
+def int4_parts() -> list:
+    """(codes, scale, zero) makers for torch's int4 kernel, one per part of :func:`_int4_split`:
+    w = s * sum_k gamma_k * (c_k - 8) + s * zeta_k."""
+    def part(k: int):
+        table, gamma, zeta = _int4_split()[k]
+
+        def fn(b: torch.Tensor):
+            q, s = codes(b)
+            return table.to(b.device)[q].to(torch.int32), s * gamma, s * zeta
+        return fn
+    return [part(k) for k in range(len(_int4_split()))]

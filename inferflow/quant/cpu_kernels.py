@@ -6,14 +6,21 @@ Two kernel sets, picked once per model at load time:
   weight-only kernel (:mod:`.int4pack`: bf16 compute, within bf16 tolerance of the exact product; the ggml blocks
   are dropped, 5 bits per weight stay). Batches above :data:`INT4_MAX_ROWS` rows (prefill) dequantize that
   packing chunk by chunk into bf16 and use bf16 GEMMs instead, where the kernel's per-row cost exceeds one
-  decode of the weight (same bf16 tolerance). Q8_0 keeps its blocks and is decoded exactly (bit-identical
-  weights) in cache-sized row chunks, int8 -> float32 times the block scale, into a reused buffer read straight
-  from the blocks (no repack: a head tied to the token embedding shares its table), each chunk multiplied at
-  once into a preallocated output: 1.4-2x the reference. Every other type (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K,
-  and Q4 shapes the int4 kernel refuses) runs the reference path: chunking their ggml decoders the same way
-  measured no faster (0.8-1.1x).
+  decode of the weight (same bf16 tolerance). Q8_0 runs the int4 kernel as two nibble planes (int4pack.py, 10
+  bits per weight) except vocab-sized heads (:data:`Q8_INT4_MAX_N`) and refused shapes: those keep their blocks
+  and are decoded exactly (bit-identical weights) in cache-sized row chunks, int8 -> float32 times the block
+  scale, into a reused buffer read straight from the blocks (no repack), each chunk multiplied at once into a
+  preallocated output: 1.4-2x the reference. Every other type (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K,
+  and Q4 shapes the int4 kernel refuses) runs the reference path. inferflow's own formats all run the int4 kernel
+  (q4, q3, q2: one part; q6, q5, Q8_0: two; q3.5: three, side by side along K in one call: formats.py
+  registers them), or, in shapes it refuses,
+  q3.5 decodes whole into a per-thread buffer reused by every linear of that shape and runs one matmul. (For
+  the ggml types left on the reference path, chunking their decoders like Q8_0 measured no faster: 0.8-1.1x.)
 - ``"reference"``: the blocks are held and every call decodes them with the bit-exact ggml dequantizers
   (:func:`inferflow.quant.packed.packed_linear`); parity tests use it to compare float32 outputs.
+
+On a CUDA device, the fast set runs Q8_0 (q8), Q4_0 and inferflow's q4 weights through Triton kernels that
+dequantize in registers (:mod:`.triton_kernels`, when triton imports); other types take the reference path there.
 
 Choose with ``inferflow.load(..., quant_kernels="reference")`` or the ``INFERFLOW_QUANT_KERNELS`` environment
 variable (the argument wins). Measured speeds: tools/bench_quant_linear.py.
@@ -30,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InferflowError
-from . import ggml, int4pack
+from . import ggml, int4pack, triton_kernels
 from .packed import PackedTensor, hold, packed_linear
 
 MODES = ("fast", "reference")
@@ -44,6 +51,23 @@ INT4_MAX_ROWS = 96
 # Chunked paths decode about this many weights at a time: the float chunk (1 MiB in float32) stays in L2 between
 # its decode and its matmul (Q8_0 vocab head: 2^17..2^18 beat 2^15, 2^16, 2^19 and the reference's 2^20).
 CHUNK_ELEMS = 1 << 18
+# Q8_0 weights with at least this many output rows (vocab projections: logits) stay on the exact chunked decoder
+# instead of the int4 planes: the kernel's bf16 OUTPUT rounds logits near 25 to steps of 0.125, which tied and
+# flipped the default model's greedy answer (tests/test_default_model.py "Paris"; the exact head keeps it).
+Q8_INT4_MAX_N = 16384
+
+
+_prefer_triton: contextvars.ContextVar[bool] = contextvars.ContextVar("prefer_triton", default=False)
+
+
+@contextlib.contextmanager
+def prefer_triton(on: bool = True) -> Iterator[None]:
+    """Hold weights for the Triton kernels even off CUDA (tests: the kernels under TRITON_INTERPRET=1 on a CPU)."""
+    token = _prefer_triton.set(on)
+    try:
+        yield
+    finally:
+        _prefer_triton.reset(token)
 
 
 def _check(mode: str) -> str:
@@ -74,32 +98,55 @@ def using(kernels: str | None) -> Iterator[None]:
 def hold_linear(module: torch.nn.Module, name: str, t: PackedTensor) -> None:
     """Hold the linear weight ``name`` in the form the current kernel set runs fastest (see module doc)."""
     kind = mode()
-    if kind == "fast" and t.device.type == "cpu" and int4pack.supports(t.qtype, t.shape):
-        packed, sz = int4pack.pack(t.data, t.qtype, t.shape)
+    if kind == "fast" and (t.device.type == "cuda" or _prefer_triton.get()) and \
+            triton_kernels.supports(t.qtype, t.shape, t.device):
+        hold(module, name, t)  # blocks stay as they are: the Triton kernels read them (quant/triton_kernels.py)
+        module.kernels = {**(getattr(module, "kernels", None) or {}), name: "triton"}
+        return
+    if kind == "fast" and t.device.type == "cpu" and int4pack.supports(t.qtype, t.shape) and \
+            not (t.qtype == ggml.Q8_0 and t.shape[0] >= Q8_INT4_MAX_N):
         del module._parameters[name]
+        # q5/q6/Q8_0: parts (bit planes) whose sum is the weight, packed side by side along K (int4pack.pack)
+        packed, sz = int4pack.pack(t.data, int4pack.parts_of(t.qtype), t.shape)
         module.register_buffer(f"{name}_int4", packed, persistent=False)
         module.register_buffer(f"{name}_int4_sz", sz, persistent=False)
         module.packed = {**(getattr(module, "packed", None) or {}), name: (t.qtype, t.shape)}
         kind = "int4"
     else:
         hold(module, name, t)
-        kind = "q8_0" if kind == "fast" and t.qtype == ggml.Q8_0 and t.dim() == 2 else "reference"
+        fast2d = kind == "fast" and t.dim() == 2
+        kind = "q8_0" if fast2d and t.qtype == ggml.Q8_0 else \
+            "buffer" if fast2d and t.qtype in BUFFERED else "reference"
     module.kernels = {**(getattr(module, "kernels", None) or {}), name: kind}
 
 
 def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for a weight held by :func:`hold_linear`."""
     kind = (getattr(module, "kernels", None) or {}).get(name, "reference")
+    if kind == "triton":
+        blocks = getattr(module, f"{name}_blocks")
+        if x.device == blocks.device and (x.device.type == "cuda" or triton_kernels.interpreted()) and \
+                triton_kernels.enabled():
+            qtype, shape = module.packed[name]
+            try:
+                return triton_kernels.matmul(x, blocks, qtype, shape, bias)
+            except Exception as e:  # noqa: BLE001 - a kernel that cannot compile/launch here: never fail a forward
+                triton_kernels.disable(f"{type(e).__name__}: {e}")
+        return packed_linear(module, name, x, bias)  # off the GPU, or kernels disabled: the bit-exact path
     if kind == "reference" or (kind == "q8_0" and x.device.type != "cpu"):
         return packed_linear(module, name, x, bias)
     qtype, shape = module.packed[name]
     x2 = x.reshape(-1, shape[1])
     if kind == "int4":
         packed, sz = getattr(module, f"{name}_int4"), getattr(module, f"{name}_int4_sz")
+        n = len(int4pack.parts_of(qtype))  # parts side by side along K: x repeated n times sums them in one call
+        xk = x2 if n == 1 else x2.repeat(1, n)
         if x.device.type == "cpu" and (x2.shape[0] <= INT4_MAX_ROWS or not int4pack.can_unpack()):
-            y = int4pack.matmul(x2, packed, sz)
+            y = int4pack.matmul(xk, packed, sz)
         else:
-            y = int4pack.matmul_dequantized(x2, packed, sz, shape, CHUNK_ELEMS)
+            y = int4pack.matmul_dequantized(xk, packed, sz, (shape[0], n * shape[1]), CHUNK_ELEMS)
+    elif kind == "buffer":
+        y = F.linear(x2, _decoded(getattr(module, f"{name}_blocks"), qtype, shape, x.dtype))
     else:
         y = _chunked(x2, shape, _q8_0_decoder(getattr(module, f"{name}_blocks"), shape, x.dtype))
     if bias is not None:
@@ -132,6 +179,30 @@ def _buffer(numel: int, device: torch.device) -> torch.Tensor:
         with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode alike
             buf = _local.buf = torch.empty(max(numel, CHUNK_ELEMS), dtype=torch.float32, device=device)
     return buf[:numel]
+
+
+# Block types decoded whole into a reused per-thread buffer, then one matmul (the issue's "dequantize one layer
+# at a time into a reused buffer"): inferflow's q3.5, whose non-uniform levels no int4 mapping can express.
+# Filled by inferflow.quant.formats at import.
+BUFFERED: set[int] = set()
+_wlocal = threading.local()
+
+
+def _decoded(blocks: torch.Tensor, qtype: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """The weight decoded into this thread's buffer for (shape, dtype): every linear of that shape reuses it, so a
+    decode step allocates nothing; the decoder writes float32 (exact) and is cast once when dtype differs."""
+    key = (tuple(shape), dtype, blocks.device)
+    bufs = getattr(_wlocal, "bufs", None)
+    if bufs is None:
+        bufs = _wlocal.bufs = {}
+    buf = bufs.get(key)
+    if buf is None:
+        with torch.inference_mode(False):
+            buf = bufs[key] = torch.empty(shape, dtype=dtype, device=blocks.device)
+    w = ggml.dequantize(blocks, qtype, shape, torch.float32)
+    if dtype == torch.float32:
+        return w  # already a fresh float32 tensor: a copy into the buffer would only add a pass
+    return buf.copy_(w)
 
 
 def _q8_0_decoder(blocks: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype):

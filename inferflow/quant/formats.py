@@ -2,24 +2,25 @@
 
 Every format quantizes float32 blocks [n, block_elems] into uint8 blocks [n, block_bytes] and back, vectorised
 (no Python loop over blocks). bpw below is the TRUE stored size, scales and zero points included:
-8 * block_bytes / block_elems. Blocks are 64 weights (q8: 32): the largest block size dividing the row lengths of
-both the default model (576, 1536) and 7B-class models (4096, 11008, 14336); 256-weight k-quant super-blocks do
-not divide 576, so scale overhead is cut with a 2-byte header instead (see affine.py).
+8 * block_bytes / block_elems. Blocks are 64 weights (q8, q4, q2: 32): the largest block size dividing the row
+lengths of both the default model (576, 1536) and 7B-class models (4096, 11008, 14336); 256-weight k-quant
+super-blocks do not divide 576, so scale overhead is cut with a 2-byte header instead (see affine.py).
 
   name  id    elems bytes bpw    layout (byte offsets)                                 decode
   q8    8     32    34    8.5    0-1 fp16 d, 2-33 int8 q  (= ggml Q8_0 blocks)          d * q; d searched
   q6    4096  64    50    6.25   0 scale code, 1 zero code, 2-33 low-4 plane,          s * (q - z)
                                   34-49 high-2 plane                                    z = zc / 4
   q5    4097  64    42    5.25   0 scale, 1 zero, 2-33 low-4 plane, 34-41 high-1 plane  s * (q - z), z = zc / 8
-  q4    4098  64    36    4.5    0-1 bf16 s, 2-3 bf16 z, 4-35 nibbles                  (q - 8) * s + z
+  q4    4102  32    18    4.5    0 scale code, 1 zero code, 2-17 nibbles               s * (q - z), z = zc / 16
   q3.5  4099  64    28    3.5    21 low bytes of triple codes + 56-bit word            s * LEVELS[q] (codebook.py)
   q3    4100  64    26    3.25   0 scale, 1 zero, 2-17 low-2 plane, 18-25 high-1 plane  s * (q - z), z = zc/16 - 4
   q2    4101  32    10    2.5    0 scale, 1 zero, 2-9 2-bit plane                      s * (q - z), z = zc/32 - 2
 
 Scale code c (q6 .. q2): s = 2 ** ((c - 192) / 12), c = 0 means s = 0. Planes: code j of n sits in byte
-``j % (n*b/8)`` of its plane at bit ``b * (j // (n*b/8))`` (bitplanes.py). q4 is torch's CPU int4 kernel layout
-(group 64, scale + zero): Linear layers run it through ``_weight_int4pack_mm_for_cpu`` with these exact
-parameters. llama.cpp types keep their ggml ids and layouts (q8_0 8.5, q4_0 4.5, q4_1 5.0, q5_0 5.5, q5_1 6.0 bpw)
+``j % (n*b/8)`` of its plane at bit ``b * (j // (n*b/8))`` (bitplanes.py). q4's codes and affine map onto torch's
+CPU int4 kernel (group 32; its bf16 scale and zero round s and s * (8 - z)): Linear layers run it through
+``_weight_int4pack_mm_for_cpu``. (Id 4098 was an earlier q4 layout, 64-weight blocks with bf16 s and z; retired.)
+llama.cpp types keep their ggml ids and layouts (q8_0 8.5, q4_0 4.5, q4_1 5.0, q5_0 5.5, q5_1 6.0 bpw)
 and byte-identical gguf-py quantizers (ggml_quantize.py).
 
 Our ids start at 4096, far above ggml's (< 64 today), and are added to :mod:`.ggml`'s tables at import, so a
@@ -33,8 +34,8 @@ from typing import Callable
 import torch
 
 from ..errors import InferflowError
-from . import codebook, ggml, ggml_quantize, int4pack
-from .affine import CompactAffine, KernelQ4
+from . import codebook, cpu_kernels, ggml, ggml_quantize, int4pack, triton_kernels
+from .affine import CompactAffine
 from .packed import PackedTensor
 from .search import chunked
 
@@ -78,7 +79,7 @@ _q6 = CompactAffine(6, 64, zfrac=4, zlo=0, deltas=(-0.5, 0.0, 0.5, 1.0))
 _q5 = CompactAffine(5, 64, zfrac=8, zlo=0, deltas=(-0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0))
 _q3 = CompactAffine(3, 64, zfrac=16, zlo=4, deltas=tuple(-1.0 + 0.2 * k for k in range(11)))
 _q2 = CompactAffine(2, 32, zfrac=32, zlo=2, deltas=tuple(-0.5 + 0.15 * k for k in range(11)))
-_q4 = KernelQ4(deltas=tuple(-1.0 + 0.2 * k for k in range(11)))
+_q4 = CompactAffine(4, 32, zfrac=16, zlo=0, deltas=tuple(-1.0 + 0.2 * k for k in range(11)))
 _ggml_dq = {t: ggml.DEQUANTIZERS[t] for t in (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q5_1)}
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
@@ -88,8 +89,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            summary="6-bit min+scale, 2-byte header"),
     Format("q5", BASE_ID + 1, 64, _q5.block_bytes, _q5.quantize, _q5.dequantize,
            summary="5-bit min+scale, 2-byte header"),
-    Format("q4", BASE_ID + 2, 64, _q4.block_bytes, _q4.quantize, _q4.dequantize,
-           summary="int4 kernel layout, group 64"),
+    Format("q4", BASE_ID + 6, 32, _q4.block_bytes, _q4.quantize, _q4.dequantize,
+           summary="4-bit min+scale, 2-byte header, 32-weight blocks"),
     Format("q3.5", BASE_ID + 3, codebook.ELEMS, codebook.BLOCK_BYTES, codebook.quantize, codebook.dequantize,
            summary="10-level codebook, 3 weights per 10-bit code"),
     Format("q3", BASE_ID + 4, 64, _q3.block_bytes, _q3.quantize, _q3.dequantize,
@@ -112,7 +113,15 @@ FULL_PRECISION = ("none", "f32", "fp32", "float", "float32", "full")
 for _f in FORMATS.values():  # our ids join ggml's tables: every packed-weight path decodes them
     if _f.qtype >= BASE_ID:
         ggml.register_type(_f.qtype, _f.name, _f.block_elems, _f.block_bytes, _f.dequantize_blocks)
-int4pack.register(FORMATS["q4"].qtype, _q4.elems, _q4.codes_and_affine)
+# CPU int4-kernel mappings (bf16 scale and zero, codes exact): q4, q3, q2 in one kernel call, q6 and q5 as the
+# sum of two (low 4-bit plane + high plane), q3.5 as the sum of three (its levels split: codebook.py).
+for _name, _f in (("q4", _q4), ("q3", _q3), ("q2", _q2)):
+    int4pack.register(FORMATS[_name].qtype, _f.elems, _f.codes_and_affine)
+for _name, _f in (("q6", _q6), ("q5", _q5)):
+    int4pack.register_parts(FORMATS[_name].qtype, _f.elems, _f.int4_parts())
+int4pack.register_parts(FORMATS["q3.5"].qtype, codebook.ELEMS, codebook.int4_parts())
+cpu_kernels.BUFFERED.add(FORMATS["q3.5"].qtype)  # where the int4 kernel is missing or refuses the shape
+triton_kernels.register(FORMATS["q4"].qtype, "q4c")  # GPU: Triton dequant-fused matmul (q8 is Q8_0: built in)
 
 
 def get(name: str) -> Format:

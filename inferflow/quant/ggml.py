@@ -98,6 +98,19 @@ def _q8_0(b: torch.Tensor) -> torch.Tensor:
     return _field(b, 2, 34).view(torch.int8).float().mul_(_f16(b, 0))
 
 
+IQ4_NL = 20
+# IQ4_NL's 16 non-uniform levels (ggml-common.h kvalues_iq4nl)
+_IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
+    # llama.cpp's fallback for k-quant tensors whose rows are not multiples of 256: fp16 d, 16 bytes of nibbles
+    # (element j < 16: low nibble of byte j, element 16 + j: its high nibble) indexing the level table
+    qs = _field(b, 2, 18)
+    idx = torch.cat([qs & 0x0F, qs >> 4], dim=1).long()
+    return _f16(b, 0) * torch.tensor(_IQ4_NL_VALUES, dtype=torch.float32, device=b.device)[idx]
+
+
 def _q2_k(b: torch.Tensor) -> torch.Tensor:
     n, dev = b.shape[0], b.device
     scales = _field(b, 0, 16)
@@ -170,7 +183,7 @@ def _bf16(b: torch.Tensor) -> torch.Tensor:
 
 DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0,
-    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
+    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k, IQ4_NL: _iq4_nl,
 }
 SUPPORTED = {F32, F16, BF16, *DEQUANTIZERS}
 

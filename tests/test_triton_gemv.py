@@ -1,0 +1,95 @@
+"""The structure-of-arrays quantized matmul (inferflow/quant/triton_soa.py, kernels in triton_gemv.py) on a CPU under
+TRITON_INTERPRET=1: the repacking keeps every bit (same bytes per weight, bit-identical decode), and the GEMV
+(1-2 rows: float32 FMA; 3-16 rows: tl.dot) and prefill (dequantize + matmul) paths match F.linear with the
+torch-dequantized weight for q4 (q4c), q4_0 and q8_0, with bias, an odd N and a K tail shorter than a tile."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are built (lazily, at first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from inferflow.quant import formats, triton_kernels, triton_soa  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread", "triton_interpreter")
+NAMES = ("q4", "q4_0", "q8_0")
+N, K = 45, 96  # odd N; K = 1.5 interpreter tiles (64)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    out = {}
+    for i, name in enumerate(NAMES):
+        w = torch.randn(N, K, generator=torch.Generator().manual_seed(i))
+        w[:, :32] *= 4  # blocks of different scales
+        out[name] = formats.quantize(w, name)
+    return out
+
+
+def _kind(p) -> str:
+    return triton_kernels._KIND_OF[p.qtype]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_repack_keeps_bits_and_is_cached(weights, name):
+    p = weights[name]
+    codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
+    assert codes.nbytes + scales.nbytes == p.data.nbytes  # 4.5 / 8.5 bits per weight, as the blocks
+    assert triton_soa.soa(p.data, _kind(p), p.shape)[0] is codes  # repacked once per blocks tensor
+    w = triton_soa.dequantize(codes, scales, triton_kernels._scale_table(torch.device("cpu")), _kind(p), p.shape,
+                              torch.float32, True)
+    assert torch.equal(w, p.dequantize())  # bit-identical decode
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("m", [1, 2, 3, 16, 17, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matmul_matches_torch(weights, name, m, dtype):
+    p = weights[name]
+    g = torch.Generator().manual_seed(m)
+    x, bias = torch.randn(m, K, generator=g), torch.randn(N, generator=g)
+    ref = F.linear(x.to(dtype).float(), p.dequantize(), bias)
+    y = triton_kernels.matmul(x.to(dtype), p.data, p.qtype, p.shape, bias)
+    assert y.shape == (m, N) and y.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    assert (y.float() - ref).abs().max() <= tol * ref.abs().max()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_elementwise_accumulation_variant(weights, name):
+    """The GEMV's other autotune variant (BLOCKSUM=False: one reduction after the loop; no prefetch), 2 rows."""
+    from inferflow.quant import triton_gemv
+
+    p = weights[name]
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(5))
+    codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
+    y = torch.empty(2, N)
+    triton_gemv.gemv_fma.fn[(3,)](x, codes, scales, triton_kernels._scale_table(torch.device("cpu")), y, y, 2, N, K,
+                                  x.stride(0), y.stride(0), HAS_BIAS=False, KIND=triton_soa._CODE[_kind(p)], MP=2,
+                                  BLOCK_N=16, BLOCK_K=64, BLOCKSUM=False,
+                                  PREFETCH=False)
+    ref = F.linear(x, p.dequantize())
+    assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_cache_follows_the_blocks_tensor(weights):
+    p = weights["q4"]
+    blocks = p.data.clone()
+    key = (blocks.data_ptr(), tuple(blocks.shape), "q4c", tuple(p.shape), blocks.device)
+    triton_soa.soa(blocks, "q4c", p.shape)
+    assert key in triton_soa._cache
+    del blocks  # the repacking goes with its blocks
+    assert key not in triton_soa._cache
+
+
+def test_prefill_in_row_chunks(weights, monkeypatch):
+    """A weight above DEQUANT_MAX_ELEMS (a vocabulary head) is decoded and multiplied in row chunks."""
+    p = weights["q4_0"]
+    monkeypatch.setattr(triton_soa, "DEQUANT_MAX_ELEMS", 20 * K)  # 45 rows: chunks of 20, 20, 5
+    x, bias = torch.randn(19, K, generator=torch.Generator().manual_seed(9)), torch.randn(N)
+    y = triton_kernels.matmul(x, p.data, p.qtype, p.shape, bias)
+    ref = F.linear(x, p.dequantize(), bias)
+    assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
