@@ -185,3 +185,137 @@ def run_replicated(world: int, placement, folder: Path) -> None:
     os.close(fd)
     os.unlink(name)
     mp.spawn(_replicated_worker, args=(world, f"file://{name}", placement, str(folder)), nprocs=world, join=True)
+
+
+def _mapped_ranges(obj, seen: set | None = None, out: list | None = None) -> list:
+    """(address, length, keep-alive) of every memory map reachable from a weight source's attributes."""
+    import ctypes
+    import mmap
+
+    seen = set() if seen is None else seen
+    out = [] if out is None else out
+    if id(obj) in seen or isinstance(obj, (torch.Tensor, torch.nn.Module, type, str, bytes)):
+        return out
+    seen.add(id(obj))
+    if isinstance(obj, mmap.mmap):
+        buf = (ctypes.c_char * len(obj)).from_buffer(obj)
+        out.append((ctypes.addressof(buf), len(obj), buf))
+        return out
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+        items += [getattr(obj, s, None) for s in getattr(type(obj), "__slots__", ())]
+    for v in items:
+        _mapped_ranges(v, seen, out)
+    return out
+
+
+def materialized_bytes(model) -> tuple[int, int]:
+    """(bytes of parameters/buffers that are NOT views of the model file's memory map, all their bytes)."""
+    ranges = _mapped_ranges(model.source)
+    assert ranges, "the source holds no memory map"
+    mat = total = 0
+    for t in [*model.net.parameters(), *model.net.buffers()]:
+        nb = t.numel() * t.element_size()
+        total += nb
+        if not any(a <= t.data_ptr() < a + n for a, n, _ in ranges):
+            mat += nb
+    return mat, total
+
+
+def _load_worker(rank: int, world: int, init: str, placement, folder: str) -> None:
+    torch.set_num_threads(1)
+    import inferflow
+    from inferflow.parallel.apply import load_parallel
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        whole = inferflow.load(folder, dtype="float32")
+        wmat, wtotal = materialized_bytes(whole)
+        assert wmat <= 0.01 * wtotal, f"whole model: {wmat} of {wtotal} bytes copied (expected views of the file)"
+        part = load_parallel(folder, placement, dtype="float32")
+        mat, _ = materialized_bytes(part)
+        # sharded while loading: this rank copied only its slices (norms etc. stay views of the file)
+        assert 0.3 * wtotal / world <= mat <= 1.15 * wtotal / world, \
+            f"rank {rank}: {mat} bytes materialised, the model has {wtotal} ({world} ranks)"
+        check_same(whole, part, "llama", rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_load(world: int, placement, folder: Path) -> None:
+    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
+    os.close(fd)
+    os.unlink(name)
+    mp.spawn(_load_worker, args=(world, f"file://{name}", placement, str(folder)), nprocs=world, join=True)
+
+
+def _micro_worker(rank: int, world: int, init: str, placement, folders: dict[str, str]) -> None:
+    torch.set_num_threads(1)
+    import inferflow
+    from inferflow.engine import Engine, EngineConfig, SamplingParams
+    from inferflow.parallel import parallelize
+    from inferflow.parallel.micro import use_micro_batches
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        prompts = sequences(VOCAB, seed=5, lengths=(9, 6, 12, 3, 7))
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        cfg = dict(block_size=4, num_blocks=96, max_num_batched_tokens=16)
+        for kind, folder in folders.items():
+            want = [o.outputs[0].token_ids for o in Engine(inferflow.load(folder, dtype="float32"),
+                                                           EngineConfig(**cfg)).generate(prompts, params)]
+            eng = Engine(parallelize(inferflow.load(folder, dtype="float32"), placement), EngineConfig(**cfg))
+            use_micro_batches(eng, 3)
+            got = [o.outputs[0].token_ids for o in eng.generate(prompts, params)]
+            assert eng.runner.micro_forwards > 0, f"{kind}: no step ran as micro-batches"
+            assert got == want, f"rank {rank} {kind} micro-batched: {got} != {want}"
+    finally:
+        dist.destroy_process_group()
+
+
+def run_micro(world: int, placement, folders: dict[str, Path]) -> None:
+    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
+    os.close(fd)
+    os.unlink(name)
+    mp.spawn(_micro_worker, args=(world, f"file://{name}", placement, {k: str(v) for k, v in folders.items()}),
+             nprocs=world, join=True)
+
+
+def _replicated_encoder_worker(rank: int, world: int, init: str, placement, folder: str) -> None:
+    """Embedding and fill-mask batches through ReplicatedEngine: rank 0 queues them, the other ranks replay."""
+    torch.set_num_threads(1)
+    import inferflow
+    from inferflow.engine import Engine, EngineConfig
+    from inferflow.parallel import parallelize
+    from inferflow.parallel.replicated import ReplicatedEngine
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        cfg = EngineConfig(block_size=4, num_blocks=8, max_num_batched_tokens=16)
+        eng = ReplicatedEngine(parallelize(inferflow.load(folder, dtype="float32"), placement), cfg)
+        if rank != 0:
+            eng.follow()
+            return
+        seqs = sequences(VOCAB, seed=4, lengths=(9, 6, 12))
+        masked = [s[:3] + [3] + s[4:] for s in seqs]
+        got, mlm = eng.embed(seqs), eng.fill_mask(masked, top_k=3, mask_token_id=3)
+        eng.stop_followers()
+        ref = Engine(inferflow.load(folder, dtype="float32"), cfg)
+        want, want_mlm = ref.embed(seqs), ref.fill_mask(masked, top_k=3, mask_token_id=3)
+        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item() + 1e-6
+        ids = lambda outs: [[[c.id for c in cands] for cands in o.predictions] for o in outs]  # noqa: E731
+        assert all(o.error is None for o in mlm) and ids(mlm) == ids(want_mlm), (mlm, want_mlm)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_replicated_encoder(world: int, placement, folder: Path) -> None:
+    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
+    os.close(fd)
+    os.unlink(name)
+    mp.spawn(_replicated_encoder_worker, args=(world, f"file://{name}", placement, str(folder)), nprocs=world,
+             join=True)

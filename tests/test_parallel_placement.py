@@ -73,3 +73,18 @@ def test_packed_slices_on_block_boundaries():
     with pytest.raises(InferflowError, match="multiples of 32"):
         packed_split.take_cols(t, 16, 64, "w")
     assert VOCAB % 2  # the TP tests' vocab takes uneven slices
+
+
+def test_service_config_placement_key():
+    from inferflow.service.config import ServiceConfigError, config_from_dict
+    from inferflow.service.ini_config import ini_to_dict
+
+    cfg = config_from_dict({"models": [{"name": "a", "source": "x", "placement": "0&1;2&3"}]})
+    assert Placement.from_config(cfg.models[0].placement).world_size == 4
+    cfg = config_from_dict({"models": [{"name": "a", "placement": {"tensor_parallel": 2, "cpu_layers": 0}}]})
+    assert cfg.models[0].placement == {"tensor_parallel": 2, "cpu_layers": 0}
+    assert config_from_dict({"models": [{"name": "a", "placement": 0}]}).models[0].placement == "0"
+    with pytest.raises(ServiceConfigError, match=r"models\[0\]\.placement: tensor_parallel"):
+        config_from_dict({"models": [{"name": "a", "placement": {"tensor_parallel": 0}}]})
+    ini = "[transformer_engine]\nmodels = m\n[model.m]\nmodel_dir = x\ndevices = 0&1\n"
+    assert ini_to_dict(ini, "s.ini")["models"][0]["placement"] == "0&1"

@@ -99,7 +99,7 @@ class PagedKVCache:
     def __init__(self, layers: Sequence[KVLayer], num_blocks: int, block_size: int, *, dtype: str = "float32",
                  compute_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  num_host_blocks: int = 0, host_layers: frozenset[int] = frozenset(), host_compute: bool = False,
-                 enable_caching: bool = True):
+                 enable_caching: bool = True, cpu_layers: frozenset[int] = frozenset()):
         if dtype not in _STORE:
             raise InferflowError(f"kv cache: dtype {dtype!r}; expected one of {', '.join(_STORE)}")
         self.layers = list(layers)
@@ -108,6 +108,10 @@ class PagedKVCache:
         self.device = torch.device(device)
         self.quantized = dtype == "int8"
         keys = {layer.key for layer in self.layers}
+        # ``cpu_layers`` (the CPU/GPU hybrid placement): layers computed on the CPU keep their K/V in host memory
+        # and attend there, whatever ``host_compute`` says for the other host layers
+        self.cpu_layers = frozenset(cpu_layers)
+        host_layers = frozenset(host_layers) | self.cpu_layers
         unknown = set(host_layers) - keys
         if unknown:
             raise InferflowError(f"kv cache: host_layers {sorted(unknown)} are not KV layer keys {sorted(keys)}")
@@ -143,6 +147,8 @@ class PagedKVCache:
 
     def compute_device(self, key: int) -> torch.device:
         """Where attention over this layer's keys runs: the CPU for host layers under ``host_compute``."""
+        if key in self.cpu_layers:
+            return _CPU
         return _CPU if self.host_compute and key in self.host_layers else self.device
 
     def storage_device(self, key: int) -> torch.device:

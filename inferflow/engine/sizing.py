@@ -68,4 +68,5 @@ def build_cache(model: Any, config: EngineConfig, model_len: int, draft: Any = N
     host_layers = frozenset(keys[len(keys) - n_host_layers:]) if n_host_layers else frozenset()
     return PagedKVCache(layers + draft_layers, num_blocks, bs, dtype=dtype, compute_dtype=model.dtype,
                         device=model.device, num_host_blocks=num_host, host_layers=host_layers,
-                        host_compute=config.host_kv_compute, enable_caching=config.enable_prefix_caching)
+                        host_compute=config.host_kv_compute, enable_caching=config.enable_prefix_caching,
+                        cpu_layers=getattr(model, "cpu_kv_keys", frozenset()))  # placement cpu_layers

@@ -54,15 +54,37 @@ def sync_rng(g: ParallelGroups) -> None:
 
 
 def load_parallel(source: str | os.PathLike, placement: Placement | str | dict, **load_kw: Any) -> Any:
-    """``inferflow.load`` on this rank's device, then :func:`parallelize` (launch one process per rank, e.g. with
-    ``torchrun --nproc-per-node N``; torchrun's RANK/WORLD_SIZE/MASTER_ADDR are read from the environment)."""
-    from ..model.model import load
+    """``inferflow.load`` for this rank, then :func:`parallelize` (launch one process per rank, e.g. with
+    ``torchrun --nproc-per-node N``; torchrun's RANK/WORLD_SIZE/MASTER_ADDR are read from the environment).
+
+    Sharded while loading (several ranks): the weights load on the CPU as views of the memory-mapped file (no
+    copy when the file's dtype is the target dtype), each rank slices out its shard (the only copy made) and only
+    the shard moves to the rank's device, so neither host memory nor the GPU ever holds the whole model per rank.
+    Tensors a spec transform builds (transposes, concatenations, stacked experts) and dtype conversions are
+    materialised whole in host memory before slicing."""
+    import torch
+
+    from ..model.model import as_dtype, load
 
     p = Placement.from_config(placement)
     g = init_groups(p)
-    if g.device.type == "cuda" and "device" not in load_kw:
-        load_kw["device"] = g.device
+    if g.device.type == "cuda" and (g.world > 1 or load_kw.get("device") is None):
+        load_kw["device"] = g.device  # each rank its own GPU, whatever a shared config's ``device`` says
     kernels = load_kw.pop("quant_kernels", None)
+    target = torch.device(load_kw.get("device") or "cpu")
+    staged = g.world > 1 and target.type != "cpu"
+    if staged:
+        load_kw["dtype"] = as_dtype(load_kw.get("dtype"), target)
+        load_kw["device"] = "cpu"
+        kernels = "reference"  # blocks as loading on the device holds them (no CPU-only repacked forms)
     # blocks stay sliceable while loading; the shards get the requested kernels afterwards
-    model = load(source, quant_kernels="reference" if g.tp_size > 1 else kernels, **load_kw)
-    return parallelize(model, p, g, quant_kernels=kernels)
+    model = load(source, quant_kernels="reference" if g.tp_size > 1 or staged else kernels, **load_kw)
+    model = parallelize(model, p, g, quant_kernels=kernels)
+    if staged:
+        model.net.to(target)  # this rank's shard only
+        model.device = target
+        if p.host_embeddings:
+            from ..model.placement import place_embeddings
+
+            place_embeddings(model)
+    return model

@@ -40,6 +40,19 @@ class ParallelGroups:
         return self.stage == self.num_stages - 1
 
 
+def rank_device(placement: Placement, rank: int) -> torch.device:
+    """The placement's GPU of ``rank``; with no GPU ids named (``tensor_parallel: 2``) the launcher's LOCAL_RANK
+    GPU when there are GPUs (``devices: cpu`` keeps the ranks on the CPU)."""
+    import os
+
+    idx = placement.device_index(rank)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # no GPU named, or one this node lacks (several nodes: ``0&1&2&3;4&5&6&7`` over 2 x 4 GPUs): LOCAL_RANK's
+    if (idx is None and not placement.cpu or idx is not None and idx >= count) and count:
+        idx = int(os.environ.get("LOCAL_RANK", rank)) % count
+    return torch.device("cuda", idx) if idx is not None and torch.cuda.is_available() else torch.device("cpu")
+
+
 def backend_for(device: torch.device) -> str:
     """NCCL between GPUs, gloo between CPU processes."""
     return "nccl" if device.type == "cuda" else "gloo"
@@ -60,8 +73,9 @@ def init_groups(placement: Placement, *, device: torch.device | None = None, ini
             if rank < 0:
                 raise InferflowError(f"placement: {need} ranks needed; launch with torchrun --nproc-per-node {need}")
         if device is None:
-            idx = placement.device_index(rank)
-            device = torch.device("cuda", idx) if idx is not None and torch.cuda.is_available() else torch.device("cpu")
+            device = rank_device(placement, rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL's communicators bind to the current device
         dist.init_process_group(backend_for(device), init_method=init_method or "env://", rank=rank,
                                 world_size=world_size)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -69,8 +83,7 @@ def init_groups(placement: Placement, *, device: torch.device | None = None, ini
         raise InferflowError(f"placement: needs {need} ranks (tensor_parallel {placement.tensor_parallel} x "
                              f"pipeline {placement.pipeline_parallel}), the process group has {world}")
     if device is None:
-        idx = placement.device_index(rank)
-        device = torch.device("cuda", idx) if idx is not None and torch.cuda.is_available() else torch.device("cpu")
+        device = rank_device(placement, rank)
     tp, pp = placement.tensor_parallel, placement.pipeline_parallel
     stage, tp_rank = placement.coords(rank)
     tp_group = pp_group = None

@@ -66,4 +66,9 @@ def place_cpu_layers(model: Any, cpu_layers: int) -> None:
         return
     net = model.net
     name = "decoder" if getattr(net, "decoder", None) is not None else "encoder"
-    setattr(net, name, HybridStack(getattr(net, name), cpu_layers, model.device))
+    stack = HybridStack(getattr(net, name), cpu_layers, model.device)
+    setattr(net, name, stack)
+    # the paged engine keeps these layers' K/V in host memory and attends there (engine/sizing.py)
+    model.cpu_kv_keys = frozenset(m.cache_key for m in stack.cpu_layers.modules()
+                                  if getattr(m, "uses_kv_cache", False) and not getattr(m, "cross", False)) \
+        if name == "decoder" else frozenset()

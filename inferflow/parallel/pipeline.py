@@ -5,10 +5,13 @@ from its peer (the same tensor-parallel rank) of the previous stage, runs its la
 outputs are broadcast from the encoder's last stage to every stage (all decoder stages' cross-attention reads
 them), logits from the last stage to all, so every rank returns the same values (SPMD: all ranks run the same
 calls). Each stage's attention layers write only their own K/V, so the KV cache lives with the layers.
-Not yet: micro-batches (the stages run one after another, no overlap).
+Micro-batches (micro.py) run a step's batch as several forwards in :func:`deferred` mode: hand-offs are
+non-blocking sends and no output is broadcast until the step's last micro-batch, so stage s works on micro-batch
+m while stage s+1 works on m-1.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -39,6 +42,13 @@ def send_tensor(x: torch.Tensor, dst: int, g: ParallelGroups) -> None:
     dev = _comm_device(g)
     dist.send(_header(x).to(dev), dst)
     dist.send(x.contiguous().to(dev), dst)
+
+
+def isend_tensor(x: torch.Tensor, dst: int, g: ParallelGroups) -> list:
+    """Non-blocking :func:`send_tensor`: (work, tensor) pairs to wait on (the tensors must outlive the sends)."""
+    dev = _comm_device(g)
+    h, buf = _header(x).to(dev), x.contiguous().to(dev)
+    return [(dist.isend(h, dst), h), (dist.isend(buf, dst), buf)]
 
 
 def recv_tensor(src: int, g: ParallelGroups, device: torch.device) -> torch.Tensor:
@@ -73,6 +83,7 @@ class PipelineStack(nn.Module):
         self.position = stack.position
         self.layers = nn.ModuleList(list(stack.layers)[start:stop])
         self.final = stack.final if g.last else None
+        self.pending: list | None = None  # deferred mode (micro-batches): the sends in flight
 
     def forward(self, env: dict[str, Any], ctx: Any) -> torch.Tensor:
         g = self.g
@@ -86,10 +97,13 @@ class PipelineStack(nn.Module):
         for layer in self.layers:
             x = layer({"x": x}, ctx)
         if not g.last:
-            send_tensor(x, g.stage_rank(g.stage + 1), g)
+            if self.pending is not None:
+                self.pending += isend_tensor(x, g.stage_rank(g.stage + 1), g)
+            else:
+                send_tensor(x, g.stage_rank(g.stage + 1), g)
         elif self.final is not None:
             x = self.final({"x": x}, ctx)
-        if self.broadcast_output:
+        if self.broadcast_output and self.pending is None:
             return broadcast_from_last(x if g.last else None, g, device)
         # a placeholder of the right row count: the head (PipelineHead) broadcasts the real result
         return x if g.last else x.new_zeros(x.shape)
@@ -101,11 +115,35 @@ class PipelineHead(nn.Module):
     def __init__(self, head: nn.Module | None, g: ParallelGroups):
         super().__init__()
         self.head, self.g = (head if g.last else None), g
+        self.deferred = False  # micro-batches: the caller broadcasts the step's logits once
 
     def forward(self, env: dict[str, Any], ctx: Any) -> torch.Tensor:
         x = env["x"]
         y = self.head(env, ctx) if self.g.last else None
+        if self.deferred:
+            return y if self.g.last else x.new_zeros((x.shape[0], 0))
         return broadcast_from_last(y, self.g, x.device)
+
+
+@contextlib.contextmanager
+def deferred(net: nn.Module):
+    """Within the block, the decoder pipeline sends without waiting and broadcasts nothing: only the last stage
+    returns real logits (micro.py broadcasts them). Leaving the block waits for the sends."""
+    stack, head = getattr(net, "decoder", None), getattr(net, "head", None)
+    if not isinstance(stack, PipelineStack):
+        yield
+        return
+    stack.pending = []
+    if isinstance(head, PipelineHead):
+        head.deferred = True
+    try:
+        yield
+    finally:
+        pending, stack.pending = stack.pending, None
+        if isinstance(head, PipelineHead):
+            head.deferred = False
+        for work, _ in pending:
+            work.wait()
 
 
 def split_pipeline(net: nn.Module, ranges: list[tuple[int, int]], g: ParallelGroups,

@@ -3,7 +3,8 @@
 ``devices`` (Inferflow syntax): ``cpu``; ``0`` (one GPU); ``0;1`` (layer pipeline, one stage per ``;`` group);
 ``0&1`` (tensor parallel inside a group); ``0&1;2&3`` (hybrid: TP groups inside pipeline stages).
 Explicit form: ``tensor_parallel: N``, ``pipeline_parallel: N`` (even split of layers) or
-``pipeline_stages: [[0, 15], [16, 31]]`` (inclusive layer ranges), ``cpu_layers: N``, ``host_embeddings``.
+``pipeline_stages: [[0, 15], [16, 31]]`` (inclusive layer ranges), ``cpu_layers: N``, ``host_embeddings``,
+``micro_batches: N`` (a pipeline engine step runs as N overlapping micro-batches, micro.py).
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 
 from ..errors import InferflowError
 
-_KEYS = ("devices", "tensor_parallel", "pipeline_parallel", "pipeline_stages", "cpu_layers", "host_embeddings")
+_KEYS = ("devices", "tensor_parallel", "pipeline_parallel", "pipeline_stages", "cpu_layers", "host_embeddings",
+         "micro_batches")
 
 
 @dataclass(slots=True)
@@ -24,6 +26,7 @@ class Placement:
     cpu: bool = False                                     # ``devices: cpu``
     cpu_layers: int = 0
     host_embeddings: bool = False
+    micro_batches: int = 1                                # engine steps of a pipeline as N micro-batches
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -104,6 +107,8 @@ class Placement:
             p.cpu_layers = _nonneg_int(cfg["cpu_layers"], "cpu_layers")
             if p.cpu_layers and p.world_size > 1:
                 raise InferflowError("cpu_layers: the CPU/GPU hybrid is single-process; drop tensor/pipeline parallel")
+        if "micro_batches" in cfg:
+            p.micro_batches = _pos_int(cfg["micro_batches"], "micro_batches")
         if "host_embeddings" in cfg:
             if not isinstance(cfg["host_embeddings"], bool):
                 raise InferflowError(f"host_embeddings: expected true/false, got {cfg['host_embeddings']!r}")

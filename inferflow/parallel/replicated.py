@@ -6,16 +6,19 @@ drain (new requests with their arguments, aborts) and the follower ranks, loopin
 those and run the same step. The scheduler is deterministic given the same inputs and every rank's RNG was
 seeded alike by ``parallelize``, so every rank builds the same batch and the collectives inside the forward line
 up: rank 0's drain is the step plan. :meth:`stop_followers` (rank 0) ends the followers' loops.
-Not replicated yet: embedding / fill-mask batches (``Engine.embed``) — run those with a single process.
+Embedding / fill-mask inputs (``Engine.embed``) wait in an inbox on rank 0 until a plan carries them into every
+rank's encoder queue, so every rank runs the same encoder batches at the same steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
 from typing import Any
 
 import torch.distributed as dist
 
+from ..engine.embedding import EmbeddingQueue, _Job
 from ..engine.engine import Engine
 from ..engine.request import Request
 
@@ -24,9 +27,50 @@ class _Stop(Exception):
     pass
 
 
+class _PlannedEmbeddings(EmbeddingQueue):
+    """Rank 0's encoder inputs enter the queue only through a step plan (``ReplicatedEngine._drain``)."""
+
+    def __init__(self, engine: Any):
+        super().__init__(engine)
+        self.inbox: list[_Job] = []
+
+    def _wait(self, jobs: list[_Job]) -> None:
+        eng = self.engine
+        if eng._plan_group is None:
+            return super()._wait(jobs)
+        with eng._plan_lock:
+            self.inbox.extend(jobs)
+        eng._wake.set()
+        for job in jobs:
+            while not job.done.is_set():
+                if eng.background:
+                    job.done.wait(0.1)
+                else:
+                    eng.step()
+
+    def take_inbox(self) -> list[tuple]:
+        """(rank 0, under the plan lock) move the inbox into the queue; what the plan tells the followers."""
+        jobs, self.inbox = self.inbox, []
+        with self._lock:
+            self._queue.extend(jobs)
+        return [(j.request_id, j.ids, j.mask, j.top_k) for j in jobs]
+
+    def add_planned(self, items: list[tuple]) -> None:
+        with self._lock:
+            self._queue.extend(_Job(rid, list(ids), mask=mask, top_k=top_k) for rid, ids, mask, top_k in items)
+
+
 class ReplicatedEngine(Engine):
     def __init__(self, model: Any, config: Any = None, draft: Any = None):
+        placement = getattr(model, "placement", None)
+        if placement is not None and placement.world_size > 1 and getattr(config, "cuda_graphs", False):
+            # captured decode graphs are unchecked with collectives (and a pipeline reads shapes on the host)
+            config = dataclasses.replace(config, cuda_graphs=False)
         super().__init__(model, config, draft)
+        if placement is not None and placement.micro_batches > 1:
+            from .micro import use_micro_batches
+
+            use_micro_batches(self, placement.micro_batches)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         # requests travel as Python objects: a gloo group works whatever the tensors' backend (NCCL on GPUs)
         # (a long timeout: followers wait in a broadcast while the service idles)
@@ -36,6 +80,7 @@ class ReplicatedEngine(Engine):
         # held by rank 0 from the plan's snapshot to the end of the drain it describes, and by add/abort, so a
         # request arriving meanwhile waits for the next step's plan instead of being drained unannounced
         self._plan_lock = threading.Lock()
+        self.embeddings = _PlannedEmbeddings(self)
 
     # ---- rank 0 ---------------------------------------------------------------------------------
     def add_request(self, prompt: Any, params: Any = None, *, request_id: str | None = None,
@@ -67,7 +112,7 @@ class ReplicatedEngine(Engine):
             with self._plan_lock:
                 with self._lock:
                     plan = {"add": [(r.request_id, self._args.pop(r.request_id)) for r in self._inbox],
-                            "abort": list(self._aborts)}
+                            "abort": list(self._aborts), "encode": self.embeddings.take_inbox()}
                 dist.broadcast_object_list([plan], src=0, group=self._plan_group)
                 return super()._drain()
         box: list[Any] = [None]
@@ -80,7 +125,11 @@ class ReplicatedEngine(Engine):
                                cache_salt=cache_salt)
         with self._lock:
             self._aborts.extend(box[0]["abort"])
+        self.embeddings.add_planned(box[0]["encode"])
         return super()._drain()
+
+    def _has_work(self) -> bool:
+        return super()._has_work() or bool(self.embeddings.inbox)
 
     # ---- ranks > 0 ------------------------------------------------------------------------------
     def follow(self) -> None:

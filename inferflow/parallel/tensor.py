@@ -24,7 +24,8 @@ from .tp_modules import GatherColumns, HeadSlicedPosition, RowParallel, VocabPar
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.contiguous().clone(), requires_grad=False)
+    """A slice as a tensor of its own: the one copy made of it (the loaded tensor may be a view of the file)."""
+    return nn.Parameter(t.clone() if t.is_contiguous() else t.contiguous(), requires_grad=False)
 
 
 # the kernel set packed shards are stored back under (parallelize's ``quant_kernels``)

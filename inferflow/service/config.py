@@ -45,6 +45,9 @@ class ModelConfig:
     prompt_template: str | None = None     # Inferflow decoder_input_template for the native route / query files
     encoder_input_template: str | None = None
     max_logprobs: int = 20                 # the largest logprobs / top_logprobs a request may ask for
+    # Inferflow ``devices`` string ("0&1;2&3") or the explicit form (tensor_parallel, pipeline_stages, cpu_layers,
+    # host_embeddings): inferflow/parallel/placement.py; several ranks are launched by torchrun or spawned
+    placement: str | dict | None = None
 
 
 @dataclass(slots=True)
@@ -57,6 +60,10 @@ class ServiceConfig:
     max_body_bytes: int = 1_000_000                          # larger request bodies get 413
     max_concurrent_requests: int | None = None               # in-flight generations beyond this get 429
     retry_after: float = 1.0                                 # seconds, sent with 429 / 503
+    max_tokens_limit: int | None = None                      # max_tokens above it get 400 (also the default)
+    max_n: int = 128                                         # n above it gets 400
+    max_stop: int = 16                                       # more stop strings get 400
+    shutdown_grace: float = 30.0                             # SIGTERM: seconds in-flight requests may finish
     log_level: str = "info"
     file: str | None = None                                  # where this config came from (for messages)
 
@@ -123,6 +130,15 @@ def model_config(d: Any, file: str | None, where: str, base: Path | None) -> Mod
     for key in ("overrides", "sampling", "chat_template_kwargs", "engine"):
         _check_type(file, f"{where}.{key}", d.get(key), (dict,), "a mapping")
     _check_type(file, f"{where}.max_logprobs", d.get("max_logprobs"), (int,), "an integer")
+    if d.get("placement") is not None:
+        from ..parallel.placement import Placement
+
+        if isinstance(d["placement"], int) and not isinstance(d["placement"], bool):
+            d["placement"] = str(d["placement"])  # ``placement: 0`` (one GPU) parses as a number in YAML
+        try:
+            Placement.from_config(d["placement"])
+        except InferflowError as e:
+            raise ServiceConfigError(file, f"{where}.placement", str(e)) from None
     d["source"], d["spec"] = _path(d.get("source"), base), _path(d.get("spec"), base)
     if d.get("chat_template") and base is not None and d["chat_template"].endswith(".jinja"):
         path = Path(_path(d["chat_template"], base) or "")
@@ -161,9 +177,14 @@ def config_from_dict(data: Any, file: str | None = None) -> ServiceConfig:
     _refuse_unknown(data, _TOP_KEYS, file, "")
     data = _expand(data, {"config_dir": str(base) if base else os.getcwd()}, file, "")
     _check_type(file, "host", data.get("host"), (str,), "a string")
-    for key in ("port", "max_body_bytes", "max_concurrent_requests"):
+    for key in ("port", "max_body_bytes", "max_concurrent_requests", "max_tokens_limit", "max_n", "max_stop"):
         _check_type(file, key, data.get(key), (int,), "an integer")
-    _check_type(file, "retry_after", data.get("retry_after"), (int, float), "a number")
+        if key != "port" and data.get(key) is not None and data[key] < 1:
+            raise ServiceConfigError(file, key, f"{data[key]} is not a positive integer")
+    for key in ("retry_after", "shutdown_grace"):
+        _check_type(file, key, data.get(key), (int, float), "a number")
+        if data.get(key) is not None and data[key] < 0:
+            raise ServiceConfigError(file, key, f"{data[key]} is negative")
     port = data.get("port", 8080)
     if not 0 <= port <= 65535:
         raise ServiceConfigError(file, "port", f"{port} is not a TCP port (0..65535)")
@@ -192,7 +213,8 @@ def config_from_dict(data: Any, file: str | None = None) -> ServiceConfig:
     if dup:
         raise ServiceConfigError(file, "models", f"duplicate model name(s) {', '.join(dup)}")
     kw = {k: data[k] for k in ("host", "port", "max_body_bytes", "max_concurrent_requests", "retry_after",
-                               "log_level") if data.get(k) is not None}
+                               "log_level", "max_tokens_limit", "max_n", "max_stop", "shutdown_grace")
+          if data.get(k) is not None}
     return ServiceConfig(models=parsed, api_keys=list(keys), cors=cors, file=file, **kw)
 
 

@@ -78,6 +78,8 @@ def _model(cp: configparser.ConfigParser, name: str, file: str, defaults: dict[s
     m: dict[str, Any] = {"name": name, "engine": dict(defaults.get("engine", {}))}
     if defaults.get("device"):
         m["device"] = defaults["device"]
+    if defaults.get("placement"):
+        m["placement"] = defaults["placement"]
     for key, raw in cp[sec].items():
         where = f"[{sec}] {key}"
         if key in _IGNORED:
@@ -103,6 +105,8 @@ def _model(cp: configparser.ConfigParser, name: str, file: str, defaults: dict[s
         elif key == "max_context_len":
             n = int(raw)
             m["engine"]["max_model_len"] = n if n > 0 else None
+        elif key == "devices" and any(c in raw for c in ";&"):
+            m["placement"] = raw.strip()  # several GPUs: a pipeline / tensor-parallel placement (inferflow.parallel)
         elif key == "devices":
             m["device"] = _device(raw, file, where)
         elif key in _MODEL_PLAIN:
@@ -161,6 +165,8 @@ def ini_to_dict(text: str, file: str) -> dict[str, Any]:
             continue
         if key == "models":
             names = _list(raw)
+        elif key == "devices" and any(c in raw for c in ";&"):
+            defaults["placement"] = raw.strip()  # several GPUs: a parallel placement (inferflow.parallel)
         elif key == "devices":
             defaults["device"] = _device(raw, file, f"[transformer_engine] {key}")
         elif key == "max_concurrent_queries":

@@ -108,6 +108,13 @@ def llm_inference(argv: list[str] | None = None) -> int:
         path = Path(args.query_file) if args.query_file else Path(__file__).resolve().parent.parent / "data" / \
             "query.yaml"
         job = load_query_file(path)
+        from ..parallel.launch import launched_world, world_of
+
+        if world_of(job.model) > 1 or launched_world() > 1:  # one process per rank; rank 0 prints (placement)
+            from ..parallel.launch import run_job_parallel
+
+            return run_job_parallel(job, lambda served: run_job(job, served, max_new_tokens=args.max_new_tokens),
+                                    ["llm_inference", *(sys.argv[1:] if argv is None else argv)])
         with LoadBar(f"Loading {job.model.source or 'the default model'}") as bar:
             model = load_model(job.model, progress=bar)
         served = ServedModel(job.model, model)

@@ -32,6 +32,10 @@ def load_model(cfg: ModelConfig, progress: Any = None) -> Any:
     if progress is not None and "progress" in inspect.signature(inferflow.load).parameters:
         kw["progress"] = progress
     try:
+        if getattr(cfg, "placement", None) is not None:  # this rank's shard / the CPU-GPU hybrid (docs/placement.md)
+            from ..parallel.apply import load_parallel
+
+            return load_parallel(source, cfg.placement, spec=cfg.spec, dtype=cfg.dtype, device=cfg.device, **kw)
         return inferflow.load(source, spec=cfg.spec, dtype=cfg.dtype, device=cfg.device, **kw)
     except InferflowError as e:
         raise InferflowError(f"model {cfg.name!r}: {e}") from None
@@ -62,6 +66,7 @@ class ServedModel:
             engine = Engine(model, cfg.engine)
         self.engine = engine
         self.created = int(time.time())
+        self.started = False
         self._overloaded = _overloaded_types()
 
     @classmethod
@@ -96,8 +101,20 @@ class ServedModel:
 
     def start(self) -> None:
         self.engine.start()  # the step thread also runs encoder batches for embeddings
+        self.started = True
+
+    @property
+    def failure(self) -> str | None:
+        """Why this model cannot serve (its engine's step thread died), else None; /health reports it."""
+        why = getattr(self.engine, "failure", None)
+        if why:
+            return f"engine thread stopped: {why}"
+        if getattr(self, "started", False) and getattr(self.engine, "background", True) is False:
+            return "engine thread is not running"
+        return None
 
     def shutdown(self) -> None:
+        self.started = False
         try:
             self.engine.shutdown()
         except Exception:  # shutting down must not hide the reason the service stopped
@@ -160,6 +177,9 @@ class ServedModel:
         limit = getattr(getattr(self.engine, "config", None), "max_num_seqs", None) or self.cfg.engine.max_num_seqs
         if params.n > limit:
             raise bad_request(f"{params.n} is more than this model's max_num_seqs ({limit})", "n")
+        if self.failure:  # a dead engine thread: refuse rather than queue requests nobody will run
+            raise APIError(503, f"model {self.name!r} cannot serve: {self.failure}; the service needs a restart",
+                           code="engine_failed")
         kw: dict[str, Any] = {"request_id": request_id}
         if encoder_prompt is not None:
             kw["encoder_prompt"] = encoder_prompt
