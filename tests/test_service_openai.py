@@ -221,14 +221,17 @@ def test_cors_metrics_openapi(live, client):
         "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
     assert pre.headers["access-control-allow-origin"] == "http://app.example"
     client.chat.completions.create(model="tiny", messages=MSG, max_tokens=2)
-    text = httpx.get(live.url + "/metrics").text
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for route in ("/metrics", "/openapi.json", "/version"):  # only /health is open when api_keys is set
+        assert httpx.get(live.url + route).status_code == 401, route
+    text = httpx.get(live.url + "/metrics", headers=auth).text
     assert 'inferflow_http_requests_total{route="/v1/chat/completions",status="200"}' in text
     assert 'inferflow_http_requests_total{route="/v1/chat/completions",status="400"}' in text
     assert 'inferflow_http_requests_total{route="other",status="404"}' in text  # /nowhere
     for name in ("time_to_first_token_seconds_bucket", "time_per_output_token_seconds_bucket",
                  "engine_waiting", "engine_kv_blocks_used", "engine_prefix_cache_hit_rate", "generation_tokens_total"):
         assert f"inferflow_{name}" in text, name
-    doc = httpx.get(live.url + "/openapi.json").json()
+    doc = httpx.get(live.url + "/openapi.json", headers=auth).json()
     assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"] and "/" in doc["paths"]
     d = httpx.post(live.url + "/detokenize", json={"model": "tiny", "tokens": [5, 6]},
                    headers={"Authorization": f"Bearer {API_KEY}"}).json()

@@ -95,11 +95,22 @@ class RequestHandle:
             if not aq.empty():
                 yield self._got(aq.get_nowait())
             elif engine.background:
+                # not asyncio.wait_for: before Python 3.12 it can swallow a cancellation that arrives as the item
+                # does, and a reader whose client left would then read the request to its end
+                getter = asyncio.ensure_future(aq.get())
                 try:
-                    item = await asyncio.wait_for(aq.get(), 0.5)
-                except asyncio.TimeoutError:
+                    done, _ = await asyncio.wait({getter}, timeout=0.5)
+                except BaseException:
+                    getter.cancel()
+                    raise
+                if not done:
+                    getter.cancel()  # an unfinished get leaves its item in the queue
                     continue  # look again whether the step thread still runs
-                yield self._got(item)
+                yield self._got(getter.result())
+            elif getattr(engine, "failure", None):  # the step thread died: take its last outputs, never step here
+                await asyncio.sleep(0)  # outputs it queued via call_soon_threadsafe land first
+                if aq.empty():
+                    raise InferflowError(f"request {self.request_id}: the engine stopped: {engine.failure}")
             else:  # no step thread: run a step off the event loop, then look again
                 worked = await asyncio.to_thread(engine.step)
                 await asyncio.sleep(0)  # outputs queued via call_soon_threadsafe land first

@@ -115,6 +115,7 @@ class _Cursor:
         self.pos = arr.offset
         if arr.etype != STRING:
             out = np.frombuffer(self.buf, dtype=_NP[arr.etype], count=arr.count, offset=arr.offset)
+            self.pos = arr.offset + out.nbytes  # past the elements: the next metadata entry starts there
             return out.astype(bool).tolist() if arr.etype == 7 else out.tolist()
         return [self.string(f"element of {key!r}") for _ in range(arr.count)]
 
@@ -184,6 +185,8 @@ class GGUFSource(WeightSource):
             if not 1 <= n_dims <= MAX_DIMS:
                 raise FormatError(self.path, f"tensor {name!r}: {n_dims} dimensions (ggml allows 1 to {MAX_DIMS})")
             dims = [c.scalar("<Q", f"dimension of {name!r}") for _ in range(n_dims)]
+            if max(dims) >= 1 << 62:  # with a zero dimension the size check passes, but no tensor is that long
+                raise FormatError(self.path, f"tensor {name!r}: dimension {max(dims)} is out of range")
             qtype = c.scalar("<I", f"type of {name!r}")
             offset = c.scalar("<Q", f"data offset of {name!r}")
             if name in seen:
@@ -255,7 +258,8 @@ class GGUFSource(WeightSource):
                                     offset=info.start).view(info.shape)
         ggml.check_supported(info.qtype, name, self.path)
         elems, block_bytes = ggml.block_size(info.qtype)
-        data = torch.frombuffer(self._mm, dtype=torch.uint8, count=info.nbytes, offset=info.start)
+        data = torch.frombuffer(self._mm, dtype=torch.uint8, count=info.nbytes, offset=info.start) if info.nbytes \
+            else torch.empty(0, dtype=torch.uint8)  # frombuffer refuses count 0 (a tensor with a zero dimension)
         return PackedTensor(data.view(*info.shape[:-1], info.shape[-1] // elems * block_bytes), info.qtype, info.shape)
 
     # ---- metadata -------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from .source import WeightSource
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, UTF-8 or over-long integers
         raise FormatError(str(path), f"cannot read JSON: {e}") from None
 
 
@@ -37,8 +37,8 @@ class HFDirSource(WeightSource):
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
             weight_map = read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise FormatError(str(index), "expected a 'weight_map' object")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise FormatError(str(index), "expected a 'weight_map' object of tensor -> shard file")
             shard_names = sorted(set(weight_map.values()))
         else:
             shard_names = sorted(p.name for p in self.folder.glob("*.safetensors"))
@@ -46,7 +46,8 @@ class HFDirSource(WeightSource):
             raise FormatError(self.path, "no *.safetensors weights found (pickle and other formats: see docs/formats.md)")
         for shard in shard_names:
             p = self.folder / shard
-            if not p.is_file() or p.parent.resolve() != self.folder.resolve():
+            if ("\0" in shard or len(shard) > 255  # is_file would raise
+                    or not p.is_file() or p.parent.resolve() != self.folder.resolve()):
                 raise FormatError(str(index), f"shard {shard!r} missing or outside the model folder")
             f = self.files[shard] = SafetensorsFile(str(p))
             for name in f.infos:

@@ -184,7 +184,7 @@ class Llama2cSource(WeightSource):
             h = Header(int(args["dim"]), w1.size[0], n_layers, n_heads, n_kv, emb.size[0],
                        int(args.get("max_seq_len") or 2048), shared="output.weight" not in sd, version=0)
             eps = float(args.get("norm_eps") or 1e-5)
-        except (TypeError, ValueError, IndexError, AttributeError):
+        except (TypeError, ValueError, IndexError, AttributeError, OverflowError):  # OverflowError: int(inf)
             raise FormatError(path, "llama2.c checkpoint: bad model_args or no tok_embeddings / w1 weights") from None
         h.check(path)
         rename = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",

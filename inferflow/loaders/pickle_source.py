@@ -29,13 +29,19 @@ def pickle_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.glob("pytorch_model*.bin"))
 
 
-def _flatten(obj: Any, prefix: str, out: dict[str, TensorRef], depth: int = 0) -> None:
+def _flatten(obj: Any, prefix: str, out: dict[str, TensorRef], depth: int = 0, seen: set[int] | None = None) -> None:
     if isinstance(obj, TensorRef):
         out[prefix] = obj
     elif isinstance(obj, dict) and depth < MAX_NESTING:
+        # each dict is walked once: a pickle's memo can make a dict hold itself (or one shared dict) under many
+        # keys, and walking every path would take keys ** MAX_NESTING steps
+        seen = set() if seen is None else seen
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
         for k, v in obj.items():
             if isinstance(k, (str, int)) and not isinstance(k, bool):
-                _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
+                _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1, seen)
 
 
 def state_dict(root: Any) -> dict[str, TensorRef]:
@@ -79,7 +85,7 @@ class PickleSource(WeightSource):
         self.where: dict[str, str] = {}
         for shard in shards:
             f = folder / shard
-            if not f.is_file() or f.parent.resolve() != folder.resolve():
+            if "\0" in shard or len(shard) > 255 or not f.is_file() or f.parent.resolve() != folder.resolve():
                 raise FormatError(self.path, f"shard {shard!r} missing or outside the model folder")
             tf = self.files[shard] = TorchFile(f)
             try:

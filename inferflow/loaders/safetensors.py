@@ -48,8 +48,8 @@ def read_header(path: str) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
         raise FormatError(path, f"cannot read: {e}") from None
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(path, f"safetensors header is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, over-long integers, deep nesting
+        raise FormatError(path, f"safetensors header is not valid JSON: {type(e).__name__}: {e}") from None
     if not isinstance(header, dict):
         raise FormatError(path, "safetensors header must be a JSON object")
     data_start, data_len = 8 + n, size - 8 - n
@@ -61,12 +61,13 @@ def read_header(path: str) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     for name, entry in header.items():
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
             raise FormatError(path, f"tensor {name!r}: expected an object with dtype, shape and data_offsets")
-        dtype = DTYPES.get(entry["dtype"])
+        dtype = DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
         if dtype is None:
             raise FormatError(path, f"tensor {name!r}: unsupported dtype {entry['dtype']!r} "
                                     f"(supported: {', '.join(DTYPES)})")
         shape, offs = entry["shape"], entry["data_offsets"]
-        if (not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+        if (not isinstance(shape, list)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 62 for s in shape)
                 or len(shape) > 8):
             raise FormatError(path, f"tensor {name!r}: bad shape {shape!r}")
         if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)

@@ -10,6 +10,7 @@ import mmap
 import os
 import struct
 import zipfile
+import zlib
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 MAX_PICKLE = 1 << 30
 MAX_DEFLATE_RATIO = 1100  # deflate cannot expand more than ~1032x; a larger declared size is a lie
+MAX_PICKLE_RATIO = 64  # a pickle compresses a few times, not a thousand: a larger ratio is a decompression bomb
 
 
 class StorageRef:
@@ -163,7 +165,7 @@ class TorchFile:
         try:
             self._zip = zipfile.ZipFile(self.path)
             infos = {i.filename: i for i in self._zip.infolist()}
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:  # N.I.E.: zip version
             raise FormatError(self.path, f"bad zip archive: {e}") from None
         pkls = [n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1] or (
             ["data.pkl"] if "data.pkl" in infos else [])
@@ -174,7 +176,7 @@ class TorchFile:
         if order is not None and self._member(order, 16) != b"little":
             raise FormatError(self.path, "big-endian torch files are not supported")
         self._infos = infos
-        data = self._member(infos[pkls[0]], MAX_PICKLE)
+        data = self._member(infos[pkls[0]], MAX_PICKLE, MAX_PICKLE_RATIO)
         self.obj, _ = load_pickle(data, self.path, self.globals, self._persistent_load)
         for key in self.storages:
             info = infos.get(f"{self.prefix}data/{key}")
@@ -183,13 +185,14 @@ class TorchFile:
                 raise FormatError(self.path, f"storage {key!r}: member {self.prefix}data/{key} missing or smaller "
                                              f"than {need} bytes")
 
-    def _member(self, info: zipfile.ZipInfo, cap: int) -> bytes:
+    def _member(self, info: zipfile.ZipInfo, cap: int, ratio: int = MAX_DEFLATE_RATIO) -> bytes:
         if info.file_size > cap or (info.compress_type != zipfile.ZIP_STORED
-                                    and info.file_size > info.compress_size * MAX_DEFLATE_RATIO + 1024):
+                                    and info.file_size > info.compress_size * ratio + 1024):
             raise FormatError(self.path, f"zip member {info.filename} declares an implausible size {info.file_size}")
         try:
             return self._zip.read(info)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError,
+                zlib.error) as e:  # zlib.error: a corrupt deflate stream
             raise FormatError(self.path, f"zip member {info.filename}: {e}") from None
 
     def _open_legacy(self) -> None:

@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,21 +35,30 @@ log = logging.getLogger("inferflow.service")
 
 
 async def health(request: Request) -> Response:
+    """200 while every engine runs; 503 while starting or draining, or (with the reasons) when an engine died."""
     state = request.app.state.service
-    return Response(status_code=200 if state.ready else 503)
+    if not state.ready:
+        return Response(status_code=503, headers={"Retry-After": str(max(1, round(state.config.retry_after)))})
+    failed = {name: s.failure for name, s in state.models.items() if getattr(s, "failure", None)}
+    if failed:
+        return JSONResponse({"status": "failed", "models": failed}, status_code=503)
+    return Response(status_code=200)
 
 
 async def metrics(request: Request) -> Response:
     state = request.app.state.service
+    state.check_key(request)  # only /health is open: metrics name models and traffic
     text = state.metrics.render({name: s.engine for name, s in state.models.items()})
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def openapi(request: Request) -> Response:
+    request.app.state.service.check_key(request)
     return JSONResponse(openapi_document(__version__, bool(request.app.state.service.config.api_keys)))
 
 
 async def version(request: Request) -> Response:
+    request.app.state.service.check_key(request)
     return JSONResponse({"version": __version__})
 
 
@@ -146,6 +155,7 @@ def create_app(config: ServiceConfig, models: dict[str, Any] | None = None) -> S
         cors = {"allow_origins": ["*"], "allow_methods": ["*"], "allow_headers": ["*"], **config.cors}
         middleware.insert(0, Middleware(CORSMiddleware, **cors))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={
-        APIError: _api_error, HTTPException: _http_error, ClientGone: _client_gone, Exception: _internal})
+        APIError: _api_error, HTTPException: _http_error, ClientGone: _client_gone, ClientDisconnect: _client_gone,
+        Exception: _internal})
     app.state.service = state
     return app

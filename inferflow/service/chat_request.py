@@ -45,7 +45,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON (or absurdly nested)
                 pass  # keep the string: the template shows what the client sent
         out.append({**c, "type": c.get("type", "function"), "function": {**fn, "arguments": args}})
     return out
@@ -60,7 +60,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise bad_request("each message must be an object with 'role' and 'content'", where)
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:  # a list or object role is unhashable
             raise bad_request(f"role {role!r} is not one of {', '.join(sorted(_ROLES))}", f"{where}.role")
         msg = {k: v for k, v in m.items() if v is not None}
         msg["role"] = "system" if role == "developer" else role

@@ -49,8 +49,8 @@ def strategy_params(strategy: Any) -> dict[str, Any]:
     if isinstance(strategy, str) and strategy.strip().startswith("{"):
         try:
             strategy = json.loads(strategy)
-        except json.JSONDecodeError as e:
-            raise InferflowError(f"decoding_alg: not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, absurd nesting
+            raise InferflowError(f"decoding_alg: not valid JSON: {type(e).__name__}: {e}") from None
     extra: dict[str, Any] = {}
     if isinstance(strategy, dict):
         name = strategy.get("name", "sample.std")

@@ -49,6 +49,7 @@ class Generation:
         self.ttft: float | None = None
         self.final: Any = None
         self._closed = False
+        state.live.add(self)
 
     async def deltas(self) -> AsyncIterator[Any]:
         try:
@@ -59,8 +60,9 @@ class Generation:
                 yield out
                 if out.finished:
                     break
-            if self.final is not None and getattr(self.final, "error", None) and \
-                    not any(o.token_ids for o in self.final.outputs):
+            if self.final is not None and getattr(self.final, "error", None):
+                # an engine fault (a failed forward pass, a dead step thread) fails the request even when it had
+                # produced tokens: a 500, or an error event after the stream's last chunk
                 raise APIError(500, f"generation failed: {self.final.error}", code="engine_error")
         finally:
             self.close()
@@ -70,6 +72,7 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        self.state.live.discard(self)
         if self.final is None or not self.final.finished:
             try:
                 self.handle.cancel()
@@ -92,7 +95,7 @@ class Generation:
 
         if request is None:
             return await run()
-        return await until_disconnect(request, run())
+        return await until_disconnect(request, run(), on_gone=self.close)
 
 
 async def _aiter(handle: Any) -> AsyncIterator[Any]:
@@ -110,8 +113,11 @@ async def _aiter(handle: Any) -> AsyncIterator[Any]:
         yield out
 
 
-async def until_disconnect(request: Any, coro: Any) -> Any:
-    """Run ``coro`` unless the client disconnects first (then cancel it and raise ClientGone)."""
+async def until_disconnect(request: Any, coro: Any, on_gone: Any = None) -> Any:
+    """Run ``coro`` unless the client disconnects first (then cancel it and raise ClientGone).
+
+    ``on_gone`` (cancelling the generations ``coro`` waits for) runs first, so the engine stops even if the
+    task's cancellation is lost, and waiting for the task is then bounded by the engine's final output."""
     task = asyncio.ensure_future(coro)
 
     async def watch() -> None:
@@ -130,6 +136,8 @@ async def until_disconnect(request: Any, coro: Any) -> Any:
     if task in done:
         watcher.cancel()
         return task.result()
+    if on_gone is not None:
+        on_gone()
     task.cancel()
     try:
         await task

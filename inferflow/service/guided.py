@@ -48,8 +48,8 @@ def guided_fields(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(gj, str):
             try:
                 gj = json.loads(gj)
-            except json.JSONDecodeError as e:
-                raise bad_request(f"is not valid JSON: {e}", "guided_json") from None
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, absurd nesting
+                raise bad_request(f"is not valid JSON: {type(e).__name__}: {e}", "guided_json") from None
         out["guided_json"] = gj if gj is True else check_schema(gj, "guided_json")
     choice = body.get("guided_choice")
     if choice is not None:

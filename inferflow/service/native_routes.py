@@ -52,7 +52,7 @@ def _int(body: dict[str, Any], key: str, default: int | None) -> int | None:
     v = body.get(key, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
         raise _fail(f"{key}: {v!r} is not an integer")
     return int(v)
 
@@ -91,11 +91,13 @@ def native_params(served: Any, body: dict[str, Any], prompt_len: int) -> Samplin
         raise _fail(str(e)) from None
     temperature = body.get("temperature")
     if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise _fail(f"temperature: {temperature!r} is not a number")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not -1e9 < temperature < 1e9:
+            raise _fail(f"temperature: {temperature!r:.40} is not a finite number")  # float(10**400) would overflow
         if kw.get("temperature", 1.0) != 0.0:  # greedy stays greedy whatever the temperature
             kw["temperature"] = 0.0 if temperature < 0.001 else float(temperature)
     seed = _int(body, "random_seed", 0)
+    if seed and not -(2 ** 63) <= seed < 2 ** 63:  # torch generators take 64-bit seeds: larger ones fail later
+        raise _fail(f"random_seed: {seed} does not fit in a signed 64-bit integer")
     if seed:
         kw["seed"] = seed
     asked = _int(body, "max_output_len", None)
@@ -135,6 +137,8 @@ async def native(request: Request) -> Response:
             raise _fail(f"the prompt has {len(ids)} tokens; the model's context is {served.max_model_len} tokens",
                         "error.too_long_request")
         params = native_params(served, body, len(ids))
+        if state.config.max_tokens_limit is not None:  # Inferflow clips lengths rather than refusing them
+            params.max_tokens = min(params.max_tokens, state.config.max_tokens_limit)
         streaming = body.get("is_streaming_mode", True)
         gen = Generation(state, served, ids, params, encoder_prompt=encoder)
     except APIError as e:
@@ -168,5 +172,6 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
                 yield ndjson_line({"text": text, "ret_code": "succ", "error_text": "", "time_cost": elapsed,
                                    "is_end": 0})
     except APIError as e:
-        yield ndjson_line({"text": "", "ret_code": "error.processing", "error_text": e.message, "time_cost": 0.0,
-                           "is_end": 1})
+        if gen.final is None or not gen.final.finished:  # a finished request's last chunk carried its error already
+            yield ndjson_line({"text": "", "ret_code": "error.processing", "error_text": e.message, "time_cost": 0.0,
+                               "is_end": 1})

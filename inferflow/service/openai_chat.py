@@ -27,7 +27,7 @@ async def chat_completions(request: Request) -> Response:
     opts = chat_options(body)
     so = stream_options(body)
     params = sampling_params(body, served.cfg.sampling, served.vocab_size, max_tokens_field="max_completion_tokens",
-                             default_max_tokens=None)
+                             default_max_tokens=None, limits=state.config)
     params.logprobs = top_logprobs_count(body, opts)
     check_logprobs(params, served.cfg.max_logprobs, "top_logprobs")
     text = served.render_chat(opts.messages, add_generation_prompt=opts.add_generation_prompt,

@@ -61,7 +61,7 @@ async def completions(request: Request) -> Response:
     try:
         for ids, _ in prompts:
             params = sampling_params(body, served.cfg.sampling, served.vocab_size, max_tokens_field="max_tokens",
-                                     default_max_tokens=16)
+                                     default_max_tokens=16, limits=state.config)
             params.logprobs = lp
             check_logprobs(params, served.cfg.max_logprobs, "logprobs")
             params.max_tokens = served.fit_max_tokens(len(ids), params.max_tokens, "prompt")
@@ -83,7 +83,7 @@ async def completions(request: Request) -> Response:
         return await asyncio.gather(*(g.result() for g in gens))
 
     try:
-        finals = await until_disconnect(request, run_all())
+        finals = await until_disconnect(request, run_all(), on_gone=lambda: [g.close() for g in gens])
     finally:
         for g in gens:
             g.close()

@@ -73,7 +73,7 @@ _ROUTES: list[tuple[str, str, str, Any, str]] = [
     ("/detokenize", "post", "Text of token ids",
      lambda: {"type": "object", "required": ["tokens"], "properties": {
          "model": _STR, "tokens": {"type": "array", "items": _INT}}}, None),
-    ("/health", "get", "200 when the engines run, 503 while starting or stopping", None, None),
+    ("/health", "get", "200 when the engines run; 503 while starting or stopping, or when an engine died", None, None),
     ("/metrics", "get", "Prometheus metrics", None, None),
 ]
 
@@ -93,7 +93,7 @@ def openapi_document(version: str, auth: bool) -> dict[str, Any]:
                 "404": {"description": "Unknown model"}, "413": {"description": "Body larger than max_body_bytes"},
                 "429": {"description": "Too many concurrent requests (Retry-After)"},
                 "503": {"description": "Overloaded or not ready (Retry-After)"}})
-        if auth and path not in ("/health", "/metrics"):
+        if auth and path != "/health":
             op["security"] = [{"bearer": []}]
             op["responses"]["401"] = {"description": "Missing or wrong API key"}
         paths.setdefault(path, {})[method] = op

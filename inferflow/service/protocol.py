@@ -96,8 +96,11 @@ def _token_list(body: dict[str, Any], name: str, vocab_size: int) -> None:
 
 
 def sampling_params(body: dict[str, Any], defaults: dict[str, Any], vocab_size: int, *, max_tokens_field: str,
-                    default_max_tokens: int | None) -> SamplingParams:
-    """SamplingParams from a request body on top of the model's defaults (max_tokens is settled separately)."""
+                    default_max_tokens: int | None, limits: Any = None) -> SamplingParams:
+    """SamplingParams from a request body on top of the model's defaults (max_tokens is settled separately).
+
+    ``limits`` (the ServiceConfig) caps ``max_tokens`` (``max_tokens_limit``: also the default when the request
+    leaves it out), ``n`` (``max_n``) and the number of stop strings (``max_stop``); beyond a cap is a named 400."""
     kw: dict[str, Any] = {k: v for k, v in defaults.items()}
     for name, (target, types, want) in SAMPLING_FIELDS.items():
         value = check_type(body, name, types, want)
@@ -111,6 +114,9 @@ def sampling_params(body: dict[str, Any], defaults: dict[str, Any], vocab_size: 
             raise bad_request("must fit in a signed 64-bit integer", "seed")
         kw["seed"] = seed
     stop = _stop(body)
+    max_stop = getattr(limits, "max_stop", None)
+    if max_stop is not None and len(stop) > max_stop:
+        raise bad_request(f"{len(stop)} stop strings are more than this server's maximum of {max_stop}", "stop")
     if stop:
         kw["stop"] = stop
     bias = _logit_bias(body, vocab_size)
@@ -122,8 +128,14 @@ def sampling_params(body: dict[str, Any], defaults: dict[str, Any], vocab_size: 
     if mt is not None and mt < 1:
         raise bad_request(f"{mt} is not an integer >= 1", max_tokens_field)
     kw["max_tokens"] = mt if mt is not None else kw.get("max_tokens", default_max_tokens)
-    if kw.get("n", 1) > 128:
-        raise bad_request(f"{kw['n']} is more than 128", "n")
+    cap = getattr(limits, "max_tokens_limit", None)
+    if cap is not None:
+        if mt is not None and mt > cap:
+            raise bad_request(f"{mt} is more than this server's maximum of {cap} tokens", max_tokens_field)
+        kw["max_tokens"] = cap if kw["max_tokens"] is None else min(kw["max_tokens"], cap)
+    max_n = getattr(limits, "max_n", None) or 128
+    if kw.get("n", 1) > max_n:
+        raise bad_request(f"{kw['n']} is more than this server's maximum of {max_n}", "n")
     best_of = check_type(body, "best_of", (int,), "an integer")
     if best_of is not None and best_of != kw.get("n", 1):
         raise bad_request("best_of other than n is not supported", "best_of")

@@ -20,6 +20,7 @@ class ServiceState:
         self.metrics = ServiceMetrics()
         self.slots = Slots(config.max_concurrent_requests, config.retry_after, self.metrics)
         self.ready = False
+        self.live: set[Any] = set()   # in-flight Generations (a draining shutdown cancels them)
         self._keys = [k.encode("utf-8") for k in config.api_keys]
 
     def model(self, name: str) -> Any:
@@ -54,6 +55,16 @@ class ServiceState:
         if not ok:
             raise unauthorized()
 
+    def cancel_all(self) -> int:
+        """Cancel every in-flight generation (their streams end with finish_reason "abort"); how many."""
+        gens = list(self.live)
+        for g in gens:
+            try:
+                g.handle.cancel()
+            except Exception:  # noqa: BLE001 - a stopped engine: nothing left to cancel
+                pass
+        return len(gens)
+
     def check_ready(self) -> None:
         if not self.ready:
             raise APIError(503, "The service is starting or stopping; retry later", code="not_ready",
@@ -76,8 +87,9 @@ async def read_json(request: Request, limit: int) -> Any:
         raise APIError(400, "The request body is empty; send a JSON object", code="invalid_request")
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, over-long integers, absurd nesting
+        raise APIError(400, f"The request body is not valid JSON: {type(e).__name__}: {e}", code="invalid_json") \
+            from None
 
 
 async def open_model_request(request: Request, *, generates: bool) -> tuple[Any, dict[str, Any], Any]:

@@ -52,7 +52,7 @@ def read_inferflow_spec(path: str | Path) -> dict[str, Any] | None:
         lines.pop(0)
     try:
         doc = json.loads("\n".join(lines))
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, absurd nesting
         if "network_structure" in "\n".join(lines):
             raise SpecError(str(p), None, f"invalid JSON: {e}") from None
         return None
@@ -87,7 +87,7 @@ def _open_weights(doc: dict, path: Path) -> WeightSource:
     if not isinstance(files, list) or not files or not all(isinstance(f, str) and f for f in files):
         raise SpecError(file, "model_files", "expected a non-empty list of file names")
     for n, f in enumerate(files):
-        if not (folder / f).is_file():
+        if "\0" in f or len(f) > 255 or not (folder / f).is_file():  # else is_file raises
             raise SpecError(file, f"model_files[{n}]", f"{f!r} not found in {folder}")
     config = doc.get("config_file", "")
     if fmt in _FILE_FORMATS:
@@ -106,7 +106,7 @@ def _structure(ns: dict, file: str) -> dict[str, Any]:
     """The flags of ``network_structure`` with the type's implied values and the defaults filled in."""
     t = _table()
     kind = ns.get("type")
-    if kind not in t["types"]:
+    if not isinstance(kind, str) or kind not in t["types"]:
         raise SpecError(file, "network_structure.type", f"{kind!r} is not an Inferflow network type (known: "
                                                         f"{', '.join(t['types'])})")
     known = set(t["defaults"]) | set(t["informational"])
@@ -115,6 +115,9 @@ def _structure(ns: dict, file: str) -> dict[str, Any]:
             raise SpecError(file, f"network_structure.{key}", f"not an Inferflow network_structure key (known: "
                                                               f"{', '.join(sorted(known))})")
     out = {**t["defaults"], **t["types"][kind], **{k: v for k, v in ns.items() if k in t["defaults"]}}
+    for key, value in out.items():  # flags are names or numbers: a list or object would not even compare
+        if isinstance(value, (list, dict)) and not isinstance(t["defaults"].get(key), dict):
+            raise SpecError(file, f"network_structure.{key}", f"expected a name or a number, got {value!r:.80}")
     pos = out["position_embedding"]
     out["position_embedding"] = t["position_aliases"].get(pos, pos)
     return out
@@ -182,6 +185,8 @@ def _names(ns: dict, row: dict, own: dict, file: str) -> dict[str, Any]:
     if not isinstance(mapping, dict):
         raise SpecError(file, "network_structure.tensor_name_mapping", "expected a JSON object")
     prefix = ns.get("tensor_name_prefix") or ""
+    if not isinstance(prefix, str):
+        raise SpecError(file, "network_structure.tensor_name_prefix", f"expected a string, got {prefix!r:.80}")
     layout = _table()["layouts"].get(row.get("layout"), {})
     out: dict[str, Any] = {}
     for source, std in mapping.items():

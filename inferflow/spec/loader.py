@@ -53,15 +53,22 @@ def search_path() -> list[Path]:
     return dirs
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte: no such spec
+        return False
+
+
 def find_spec_file(name_or_path: str | os.PathLike, relative_to: Path | None = None) -> Path:
     p = Path(name_or_path)
-    if p.suffix in SPEC_SUFFIXES and p.is_file():
+    if p.suffix in SPEC_SUFFIXES and _is_file(p):
         return p
     dirs = ([relative_to] if relative_to else []) + search_path()
     for d in dirs:
         for suffix in ("",) + SPEC_SUFFIXES:
             cand = d / f"{name_or_path}{suffix}"
-            if cand.is_file() and cand.suffix in SPEC_SUFFIXES:
+            if _is_file(cand) and cand.suffix in SPEC_SUFFIXES:
                 return cand
     raise SpecError(str(name_or_path), None, f"no spec file found (looked in {', '.join(map(str, dirs))})")
 
@@ -69,7 +76,7 @@ def find_spec_file(name_or_path: str | os.PathLike, relative_to: Path | None = N
 def _parse_scalar(text: str) -> Any:
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError):  # not YAML (or a bad date): the plain text
         return text
 
 
@@ -130,14 +137,37 @@ def read_document(path: Path) -> dict[str, Any]:
     else:
         try:
             doc = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader (C or Python)
-        except yaml.YAMLError as e:
-            raise SpecError(file, None, f"invalid YAML: {e}") from None
+        except (yaml.YAMLError, ValueError, TypeError, RecursionError) as e:  # ValueError: e.g. a bad date
+            raise SpecError(file, None, f"invalid YAML: {type(e).__name__}: {e}") from None
     if not isinstance(doc, dict):
         raise SpecError(file, None, f"a spec must be a mapping at top level, got {type(doc).__name__}")
+    check_size(doc, file)
     if len(_DOCS) > 256:
         _DOCS.clear()
     _DOCS[key] = copy.deepcopy(doc)
     return doc
+
+
+_MAX_VALUES = 1 << 18  # every shipped spec has under 2,000
+_MAX_NESTING = 64
+
+
+def check_size(doc: Any, file: str) -> None:
+    """Refuse a document that expands to more values than any spec has (YAML aliases: a few hundred bytes can
+    name 10^9 values, and merging, validating and hashing walk each one), nests absurdly deep or contains itself
+    (a recursive alias), before anything walks it recursively."""
+    count, stack = 0, [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > _MAX_VALUES:
+            raise SpecError(file, None, f"the document expands to more than {_MAX_VALUES} values (YAML aliases?)")
+        if depth > _MAX_NESTING:
+            raise SpecError(file, None, f"values nested deeper than {_MAX_NESTING} levels (or a recursive alias)")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for kv in node.items() for v in kv)
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def deep_merge(base: dict, over: dict) -> dict:
