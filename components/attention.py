@@ -68,6 +68,13 @@ class Attention(Component):
         else:
             self.q_norm = self.k_norm = None
 
+    def fusable_projections(self):
+        """q/k/v read the same input: one fused GEMM after loading (inferflow/model/fuse.py)."""
+        rows = [getattr(getattr(self, n, None), "weight", None) for n in ("q_proj", "k_proj", "v_proj")]
+        if self.fused or self.cross or [getattr(w, "shape", (0,))[0] for w in rows] != [self.qd, self.kvd, self.kvd]:
+            return []
+        return [("qkv_proj", ["q_proj", "k_proj", "v_proj"], lambda _: setattr(self, "fused", True))]
+
     def _norm(self, norm, t, heads):
         if norm is None:
             return t.view(t.shape[0], heads, self.d)

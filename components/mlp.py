@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.nn.functional as F
+
 from inferflow.component import Component
 from inferflow.registry import create, register
 
@@ -53,9 +55,21 @@ class GatedMLP(Component):
             self.up_proj = lin(p.hidden_size, p.intermediate_size)
         self.down_proj = lin(p.intermediate_size, p.hidden_size)
 
+    def fusable_projections(self):
+        """gate/up read the same input: one fused GEMM after loading (inferflow/model/fuse.py)."""
+        rows = [getattr(getattr(self, n, None), "weight", None) for n in ("gate_proj", "up_proj")]
+        if self.fused or [getattr(w, "shape", (0,))[0] for w in rows] != [self.inter, self.inter]:
+            return []
+        return [("gate_up_proj", ["gate_proj", "up_proj"], lambda _: setattr(self, "fused", True))]
+
     def forward(self, x, ctx=None):
         if self.fused:
             gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        if gate.is_cuda and self.act is F.silu and gate.dim() == 2 and gate.stride(-1) == up.stride(-1) == 1:
+            from inferflow.model import fused_ops  # silu(gate) * up in one kernel, the same roundings
+
+            if fused_ops.ENABLED:
+                return self.down_proj(fused_ops.silu_mul(gate, up))
         return self.down_proj(self.act(gate) * up)

@@ -103,7 +103,13 @@ class RoPE(Component):
             if seq > self.max_pos:
                 base = self.theta * ((self.factor * seq / self.max_pos) - (self.factor - 1)) ** (self.dim / (self.dim - 2))
                 inv = 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim))
-        inv = inv.to(positions.device)
+        if inv is self.inv_freq:  # keep the device copy: a host->device copy per forward cannot be graph-captured
+            src, dev = getattr(self, "_inv_dev", (None, None))
+            if src is not inv or dev.device != positions.device:
+                src, dev = self._inv_dev = (inv, inv.to(positions.device))
+            inv = dev
+        else:
+            inv = inv.to(positions.device)
         factors = self._parameters.get("freq_factors")
         if factors is not None and not factors.is_meta:  # llama.cpp: theta_i = pos * inv_freq_i / factor_i
             inv = inv / factors.to(device=positions.device, dtype=torch.float32)
@@ -135,6 +141,13 @@ class RoPE(Component):
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.cos_sin(ctx, q.dtype)
+        if q.is_cuda and self.style == "half" and self.dim == q.shape[-1] == k.shape[-1]:
+            from inferflow.model import fused_ops  # one kernel each, the same roundings
+
+            if fused_ops.ENABLED:
+                rq, rk = fused_ops.rope_half(q, cos, sin), fused_ops.rope_half(k, cos, sin)
+                if rq is not None and rk is not None:
+                    return rq, rk
         return self._rot(q, cos, sin), self._rot(k, cos, sin)
 
     def forward(self, x, ctx=None):  # pragma: no cover - used through rotate()

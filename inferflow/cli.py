@@ -47,17 +47,25 @@ def main(argv: list[str] | None = None) -> int:
     ins.add_argument("--spec", help="spec name or path (default: auto-detected)")
     sub.add_parser("chat", help="interactive terminal chat (see: inferflow chat --help)", add_help=False)
     sub.add_parser("quantize", help="write a quantized model (see: inferflow quantize --help)", add_help=False)
+    sub.add_parser("llm_inference", help="run a query file (see: llm_inference --help)", add_help=False)
     sub.add_parser("perplexity", help="sliding-window perplexity on a text (see: inferflow perplexity --help)",
                    add_help=False)
+    sub.add_parser("bench", help="throughput / latency benchmarks (see: inferflow bench --help)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["chat"]:  # its own options: parsed by chat_main
         from .service.chat_cli import chat_main
 
         return chat_main(argv[1:])
+    if argv[:1] == ["llm_inference"]:  # ``python -m inferflow.cli llm_inference q.yaml`` (torchrun launches this)
+        return llm_inference_main(argv[1:])
     if argv[:1] == ["quantize"]:  # its own options: inferflow/quant/cli.py
         from .quant.cli import quantize_main
 
         return quantize_main(argv[1:])
+    if argv[:1] == ["bench"]:  # its own options: inferflow/bench/cli.py
+        from .bench.cli import bench_main
+
+        return bench_main(argv[1:])
     if argv[:1] == ["perplexity"]:  # its own options: inferflow/eval/perplexity.py
         from .eval.perplexity import perplexity_main
 

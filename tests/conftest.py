@@ -13,6 +13,10 @@ import torch  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# Triton's kernel tests switch its interpreter on when they are imported (Triton reads the switch when a kernel is
+# defined); at run time the switch must reach only those tests, or the others would send CPU paths through it.
+_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET")
+
 
 import pytest  # noqa: E402
 
@@ -36,3 +40,16 @@ def one_thread():
 @pytest.fixture
 def two_threads():
     yield from _threads(2)
+
+
+def pytest_collection_finish(session):
+    if _TRITON_INTERPRET is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _TRITON_INTERPRET
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """Triton kernels run on CPU tensors (its interpreter) for this test."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -1,5 +1,9 @@
 """Decode throughput of inferflow's Engine against HF transformers ``generate``, at several concurrencies.
 
+Kept for the ``bench_engine`` section of docs/benchmarks.md; the general tool is ``inferflow bench`` (tools/bench.py:
+batch sizes, prefill and decode, memory, ``--vs hf`` / ``--vs llama.cpp``, serving latency, plots, profiles),
+which shares this script's HF copy (inferflow/bench/peers.py) and section writer.
+
     python tools/bench_engine.py [--concurrency 1,8,32] [--max-new-tokens 32] [--rounds 2] [--device cpu|cuda]
                                  [--dtype float32] [--model PATH] [--hf-dir DIR] [--threads N]
                                  [--write docs/benchmarks.md]
@@ -22,12 +26,10 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import shlex
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import inferflow  # noqa: E402
-from inferflow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from inferflow.bench.offline import InferflowSystem  # noqa: E402
+from inferflow.bench.peers import HFSystem, hf_copy  # noqa: E402,F401 - shared with inferflow bench
+from inferflow.bench.report import write_section as _write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench_engine -->", "<!-- /bench_engine -->"
 PROMPTS = [
@@ -77,27 +81,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def hf_copy(gguf_path: Path, folder: Path) -> Path:
-    """Dequantize a GGUF into an HF-layout folder (safetensors, config.json, tokenizer) with transformers."""
-    import transformers
-
-    if (folder / "config.json").is_file():
-        return folder
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                            dtype=torch.float32)
-    # the dequantized weights are plain float tensors; only the quantizer bookkeeping blocks saving
-    ref.hf_quantizer = None
-    if hasattr(ref.config, "quantization_config"):
-        del ref.config.quantization_config
-    ref.save_pretrained(folder)
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        tok.save_pretrained(folder)
-    except Exception as e:  # noqa: BLE001 - prompts are token ids; the copy works without a tokenizer
-        print(f"(no tokenizer in the HF copy: {type(e).__name__}: {e})", file=sys.stderr)
-    return folder
-
-
 def prompt_ids(model: Any, n: int) -> list[list[int]]:
     """``n`` prompts as token ids (the model's tokenizer; synthetic ids for tokenizer-less test models)."""
     tok = model.tokenizer
@@ -107,83 +90,25 @@ def prompt_ids(model: Any, n: int) -> list[list[int]]:
     return [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(n)]
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+class _TpsOf:
+    """A system of `inferflow bench` (inferflow/bench) as this tool's runner: decode tok/s and the token ids."""
+
+    def __init__(self, system: Any):
+        self.system = system
+
+    def __call__(self, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
+        s = self.system(prompts, n)
+        return s.decode_tps, s.outputs
 
 
-class InferflowRun:
+def InferflowRun(model: Any, max_seqs: int, max_len: int, device: str) -> _TpsOf:
     """One Engine per model, reused across rounds; prefix caching off so every round prefills again."""
-
-    def __init__(self, model: Any, max_seqs: int, max_len: int, device: str):
-        self.device = device
-        self.engine = Engine(model, EngineConfig(max_num_seqs=max_seqs, max_model_len=max_len,
-                                                 max_num_batched_tokens=max(2048, max_len * max_seqs),
-                                                 enable_prefix_caching=False))
-
-    def __call__(self, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
-        eng = self.engine
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        g0 = eng.counters.generation_tokens
-        handles = [eng.add_request(p, params) for p in prompts]
-        t_first = g_first = None
-        while eng.has_unfinished():
-            eng.step()
-            if t_first is None and eng.counters.generation_tokens - g0 >= len(prompts):
-                _sync(self.device)
-                t_first, g_first = time.perf_counter(), eng.counters.generation_tokens
-        _sync(self.device)
-        elapsed = time.perf_counter() - t_first
-        outs = [h.result().outputs[0].token_ids for h in handles]
-        return (eng.counters.generation_tokens - g_first) / elapsed, outs
+    return _TpsOf(InferflowSystem(model, max_seqs, max_len, max_len * max_seqs))
 
 
-class HFRun:
+def HFRun(folder: Path, dtype: str, device: str) -> _TpsOf:
     """transformers ``generate``: greedy, batched with left padding, EOS off (exactly n new tokens)."""
-
-    def __init__(self, folder: Path, dtype: str, device: str):
-        import transformers
-
-        self.device = device
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device)
-        self.model.eval()
-        cfg = self.model.generation_config
-        self.pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-        # generate() falls back to the model's EOS when the call's config has none: remove it there too, so
-        # that (like ignore_eos) every request runs to max_new_tokens past a sampled EOS
-        cfg.eos_token_id = None
-
-    def __call__(self, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
-        import transformers
-
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        clock = _FirstCall(self.device)
-        gen = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                            pad_token_id=self.pad)
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen,
-                                      logits_processor=transformers.LogitsProcessorList([clock]))
-        _sync(self.device)
-        elapsed = time.perf_counter() - clock.t
-        new = out.shape[1] - width
-        if new != n:
-            raise RuntimeError(f"HF generate produced {new} tokens per request instead of {n}")
-        return len(prompts) * (n - 1) / elapsed, out[:, width:].tolist()
-
-
-class _FirstCall:
-    """A logits processor that notes when the first logits (the prefill's) arrive."""
-
-    def __init__(self, device: str):
-        self.device, self.t = device, None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.t is None:
-            _sync(self.device)
-            self.t = time.perf_counter()
-        return scores
+    return _TpsOf(HFSystem(folder, getattr(torch, dtype), device))
 
 
 def measure(systems: dict[str, Callable], prompts: dict[int, list[list[int]]], n: int, rounds: int,
@@ -217,14 +142,7 @@ def table(results: dict, labels: dict[str, str], concurrency: list[int]) -> str:
 
 def write_section(path: Path, body: str) -> None:
     """Replace the text between the markers (inclusive) with ``body`` wrapped in them; append when absent."""
-    block = f"{BEGIN}\n{body.strip()}\n{END}"
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.write_text(text, encoding="utf-8")
+    _write_section(path, body, BEGIN[5:-4])
 
 
 def report(args: argparse.Namespace, argv: list[str], results: dict, labels: dict[str, str], model_name: str,

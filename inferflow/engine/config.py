@@ -35,6 +35,8 @@ class EngineConfig:
     speculative_model: str | None = None   # draft model (folder or file) for speculative decoding; None: off
     speculative_draft_layers: int | None = None  # keep the draft's first N decoder layers (e.g. the target's own file)
     num_speculative_tokens: int = 4        # tokens the draft proposes per sequence and step
+    cuda_graphs: bool = True               # CUDA only: pure-decode steps replay captured graphs (False: eager)
+    fuse_projections: bool | None = None   # q/k/v and gate/up as one GEMM each; None: on CUDA only
 
     def __post_init__(self) -> None:
         def bad(key: str, want: str) -> InferflowError:

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InferflowError
 from ..model.placement import place_embeddings
+from .background import BackgroundStepping
 from .beam import BeamSearch
 from .config import EngineConfig
 from .embedding import EmbeddingQueue
@@ -24,6 +25,7 @@ from .metrics import EngineCounters, render_prometheus, snapshot
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
 from .postprocess import changed, close_text, delta_output, take_token
+from .profiling import StepProfiler
 from .request import Request, RequestStatus, Sequence
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -36,7 +38,7 @@ class Overloaded(InferflowError):
     """The waiting queue is full: the request was refused (retry later)."""
 
 
-class Engine:
+class Engine(BackgroundStepping):
     def __init__(self, model: Any, config: EngineConfig | None = None, draft: Any = None):
         """``draft``: a speculative-decoding draft Model (else ``config.speculative_model`` names one, or none)."""
         self.model, self.config = model, config or EngineConfig()
@@ -49,7 +51,7 @@ class Engine:
         self.draft = prepare_draft(model, self.config, draft)  # its KV shares the cache's blocks
         self.cache = build_cache(model, self.config, self.max_model_len, self.draft)
         self.scheduler = Scheduler(self.config, self.cache)
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, self.config, self.max_model_len)
         gen = torch.Generator(device=model.device).manual_seed(self.config.seed)
         self.sampler = Sampler(vocab or 0, self.eos_ids, generator=gen)
         self.counters = EngineCounters()
@@ -57,6 +59,7 @@ class Engine:
         self.intake = RequestIntake(model, self.config, self.max_model_len)
         self.spec = Speculator(self, self.draft) if self.draft is not None else None
         self.beams = BeamSearch(self)
+        self.profiler = StepProfiler.from_env()  # a trace of a few steps ($INFERFLOW_PROFILE_DIR)
         self._requests: dict[str, Request] = {}
         self._inbox: deque[Request] = deque()
         self._aborts: list[str] = []
@@ -65,6 +68,7 @@ class Engine:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.failure: str | None = None        # why the background thread died (None while it runs or never ran)
         self._ids = itertools.count()
 
     # ---- requests -------------------------------------------------------------------------------
@@ -124,6 +128,8 @@ class Engine:
     def step(self) -> list[Any]:
         """Run one engine step; returns the RequestOutputs (and EmbeddingOutputs) it produced."""
         with self._step_lock:
+            if self.profiler is not None:
+                self.profiler.tick()
             t0 = time.perf_counter()
             emitted: list[Any] = []
             touched = self._drain()
@@ -168,18 +174,42 @@ class Engine:
         try:
             logits = self.runner.run(out.scheduled) if spec is None else self.spec.forward(spec)
         except Exception as e:  # noqa: BLE001 - a failing batch fails its requests, not the engine
-            for sc in out.scheduled:
-                self._fail(sc.seq, f"forward pass failed: {type(e).__name__}: {e}", touched)
-            return
+            if spec is not None or len(out.scheduled) < 2 or self._multi_rank():
+                for sc in out.scheduled:
+                    self._fail(sc.seq, f"forward pass failed: {type(e).__name__}: {e}", touched)
+                return
+            logits = self._run_alone(out, touched)
+            if logits is None:
+                return
         self.scheduler.commit(plain)
+        count = self.counters.count_chunk
         for sc in out.scheduled:
             seq = sc.seq
-            self.counters.count_chunk(sc.start, sc.start + sc.num_tokens, len(seq.request.prompt_ids), seq.num_tokens)
+            plen, end = len(seq.request.prompt_ids), sc.start + sc.num_tokens
+            if sc.num_tokens == 1 and sc.start >= plen and end == seq.num_tokens:
+                continue  # a plain decode: neither prefill nor recompute (count_chunk would add 0 and 0)
+            count(sc.start, end, plen, seq.num_tokens)
         if spec is not None:
             self.spec.verify(spec, touched)
         rows = [sc.seq for sc in plain.scheduled if sc.samples]
         if rows:
             self._sample(rows, logits, touched)
+
+    def _run_alone(self, out: SchedulerOutput, touched: dict[str, Request]) -> torch.Tensor | None:
+        """After a batch's forward pass failed, each sequence alone (rewriting the same KV slots with the same
+        values): only requests whose own pass fails are failed, the rest of the batch goes on (``out.scheduled``
+        keeps them). Their logits in order, or None when none is left."""
+        kept = []
+        for sc in out.scheduled:
+            if sc.seq.finished:  # a sibling sequence (n > 1) failed its request already
+                continue
+            try:
+                kept.append((sc, self.runner.run([sc])))
+            except Exception as e:  # noqa: BLE001
+                self._fail(sc.seq, f"forward pass failed: {type(e).__name__}: {e}", touched)
+        kept = [(sc, rows) for sc, rows in kept if not sc.seq.finished]
+        out.scheduled = [sc for sc, _ in kept]
+        return torch.cat([rows for _, rows in kept]) if kept else None
 
     def _sample(self, rows: list[Sequence], logits: torch.Tensor, touched: dict[str, Request]) -> None:
         """One sampler call for every row; a request's first sample forks its n sequences from one row."""
@@ -188,7 +218,8 @@ class Engine:
             return
         targets: list[tuple[Sequence, Sequence | None]] = []   # (sequence, parent to fork from)
         index: list[int] = []
-        for r, seq in enumerate(rows):
+        # steady state (every row sampled before): nothing forks, one target per row (set below)
+        for r, seq in enumerate(rows) if not all(seq.sampled_before for seq in rows) else ():
             group = [(seq, None)]
             if not seq.sampled_before and seq.index == 0 and seq.request.params.n > 1:
                 kids = [self.intake.sequence(seq.request, i) for i in range(1, seq.request.params.n)]
@@ -198,6 +229,8 @@ class Engine:
                 s.sampled_before = True
             targets += group
             index += [r] * len(group)
+        if not targets:
+            targets, index = [(seq, None) for seq in rows], list(range(len(rows)))
         if len(index) != len(rows):
             logits = logits[torch.tensor(index, device=logits.device)]
         if self.sampler.vocab_size == 0:
@@ -211,12 +244,12 @@ class Engine:
         for seq, parent in targets:  # fork before any token can finish (and free) a parent
             if parent is not None:
                 self.scheduler.fork(parent, seq)
+        lps, tops = res.logprobs, res.top_logprobs
         for i, (seq, parent) in enumerate(targets):
             if seq.finished:  # its request failed on an earlier row
                 continue
             try:
-                top = res.top_logprobs[i] if res.top_logprobs is not None else None
-                self._append(seq, res.tokens[i], res.logprobs[i] if res.logprobs is not None else None, top)
+                self._append(seq, res.tokens[i], None if lps is None else lps[i], None if tops is None else tops[i])
             except Exception as e:  # noqa: BLE001 - e.g. a detokenizer error fails this request only
                 self._fail(seq, f"{type(e).__name__}: {e}", touched)
 
@@ -303,39 +336,3 @@ class Engine:
     def metrics_text(self, labels: dict[str, str] | None = None) -> str:
         """The metrics in Prometheus text format."""
         return render_prometheus(self.metrics(), labels=labels)
-
-    # ---- background stepping --------------------------------------------------------------------
-    def start(self) -> None:
-        """Step on a background thread (the service's mode); handles then only wait for outputs."""
-        if self.background:
-            return
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="inferflow-engine", daemon=True)
-        self._thread.start()
-
-    def shutdown(self) -> None:
-        """Stop the background thread (unfinished requests stay; handles can drive them)."""
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._thread = None
-
-    def _has_work(self) -> bool:
-        return bool(self._inbox or self._aborts or self.scheduler.has_work() or self.embeddings.pending())
-
-    def _loop(self) -> None:
-        while not self._stopping:
-            self._wake.clear()
-            if not self._has_work():
-                self._wake.wait(0.1)
-                continue
-            try:
-                self.step()
-            except Exception as e:  # noqa: BLE001 - an engine bug: fail what is in flight rather than hang clients
-                with self._step_lock:
-                    touched: dict[str, Request] = {}
-                    for req in list(self._requests.values()):
-                        self._fail(req.seqs[0], f"engine step failed: {type(e).__name__}: {e}", touched)
-                    for req in touched.values():
-                        self._emit(req)

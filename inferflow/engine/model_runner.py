@@ -12,13 +12,17 @@ from typing import Any, Sequence
 import torch
 
 from ..model.pooling import pool_hidden, pooling_for
+from ..model.fuse import fuse_projections
+from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedKVCache
 from .paged_backend import PagedAttentionBackend
 from .scheduler import Scheduled
+from .static_decode import decode_items, pure_decode
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: PagedKVCache):
+    def __init__(self, model: Any, cache: PagedKVCache, config: Any = None, max_model_len: int | None = None):
+        """``config`` (an EngineConfig) switches on the GPU fast path: fused projections and decode graphs."""
         self.model, self.cache = model, cache
         self.device = model.device
         self.encoder_decoder = model.architecture == "encoder_decoder"
@@ -26,11 +30,25 @@ class ModelRunner:
         # dict (a draft model keeps its own keys in the same dict)
         self.cross_key = min((m.cache_key for m in model.net.modules() if getattr(m, "cross", False)
                               and getattr(m, "uses_kv_cache", False)), default=None)
+        cuda = self.device.type == "cuda"
+        if config is not None and (config.fuse_projections if config.fuse_projections is not None else cuda):
+            fuse_projections(model.net)
+        # static decode steps on CUDA (graph replays, or eager with cuda_graphs off: still the Triton paged kernel);
+        # not for encoder-decoders (per-request cross K/V), host-resident KV layers or embedding tables
+        self.graphs: DecodeGraphs | None = None
+        if (config is not None and cuda and max_model_len and not self.encoder_decoder
+                and not cache.host_layers and not config.host_embeddings):
+            self.graphs = DecodeGraphs(model, cache, config.max_num_seqs, max_model_len, graphs=config.cuda_graphs)
 
     def run(self, scheduled: Sequence[Scheduled]) -> torch.Tensor:
         """float32 logits [R, vocab] for the scheduled sequences whose chunk ends at their last token, in order."""
-        return self.forward([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + sc.num_tokens), int(sc.samples))
-                             for sc in scheduled])
+        g = self.graphs
+        if g is not None and pure_decode(scheduled):
+            items = decode_items(scheduled)
+            if g.fits(len(items), max(p for _, p, _ in items) + 1):
+                return g.run(items)
+        return self.forward([(seq, sc.start, seq.tokens(sc.start, sc.start + sc.num_tokens),
+                              int(sc.start + sc.num_tokens == seq.num_tokens)) for sc in scheduled for seq in (sc.seq,)])
 
     def forward(self, items: Sequence[tuple[Any, int, list[int], int]]) -> torch.Tensor:
         """One packed pass over ``(sequence, first position, new token ids, rows)`` items: float32 logits of each
@@ -41,8 +59,17 @@ class ModelRunner:
         slots: list[int] = []
         q_lens, k_lens, tables, rows = [], [], [], []
         for seq, s, toks, nrows in items:
-            e = s + len(toks)
             table = seq.block_table
+            if nrows == 1 and len(toks) == 1:  # a decode: skip the range/list machinery (O(batch) per step)
+                ids.append(toks[0])
+                positions.append(s)
+                slots.append(table[s // bs] * bs + s % bs)
+                q_lens.append(1)
+                k_lens.append(s + 1)
+                tables.append(table)
+                rows.append(len(ids) - 1)
+                continue
+            e = s + len(toks)
             ids += toks
             positions += range(s, e)
             slots += [table[p // bs] * bs + p % bs for p in range(s, e)]
@@ -56,10 +83,12 @@ class ModelRunner:
             new = [seq.request.encoder_ids for seq, *_ in items if self.cross_key not in seq.request.cross]
             if new:  # every new request's encoder in one batch
                 enc_out, enc_lens = self.model.encode_packed(new)
-        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-        backend = PagedAttentionBackend(self.cache, tables, as_long(slots), cross=cross)
-        return self.model.forward_packed(as_long(ids), as_long(positions), q_lens, k_lens, backend,
-                                         encoder_out=enc_out, enc_lens=enc_lens, rows=as_long(rows))
+        # ONE host->device copy for ids, positions, slots and rows (views of it), not four
+        n = len(ids)
+        packed = torch.tensor(ids + positions + slots + rows, dtype=torch.long).to(self.device)
+        backend = PagedAttentionBackend(self.cache, tables, packed[2 * n:3 * n], cross=cross)
+        return self.model.forward_packed(packed[:n], packed[n:2 * n], q_lens, k_lens, backend,
+                                         encoder_out=enc_out, enc_lens=enc_lens, rows=packed[3 * n:])
 
     @torch.inference_mode()
     def embed(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -45,7 +45,10 @@ def changed(req: Request) -> bool:
     """Anything new to stream since the last output (beam search: only the end; its beams change every step)."""
     if req.params.use_beam_search:
         return req.finished
-    return req.finished or any(len(s.output_ids) > s.sent_tokens or len(s.text) > s.sent_text for s in req.seqs)
+    for s in req.seqs:  # plain loops: this runs for every request every step
+        if len(s.output_ids) > s.sent_tokens or len(s.text) > s.sent_text:
+            return True
+    return req.finished
 
 
 def delta_output(req: Request) -> RequestOutput:

@@ -105,7 +105,10 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.seqs)
+        for s in self.seqs:  # a plain loop: called per request several times a step
+            if s.status is not RequestStatus.FINISHED:
+                return False
+        return True
 
     @property
     def unfinished_seqs(self) -> list[Sequence]:

@@ -149,6 +149,16 @@ def _kind(p: SamplingParams) -> str:
     return "random"
 
 
+def _plain_greedy(sq: SeqSampling) -> bool:
+    """A greedy row no logit processor touches this step (no guide, no logprobs): its token is the raw argmax.
+    Processed logits of such a row equal the raw ones, so the fast path picks exactly what ``process`` would."""
+    p = sq.params
+    return (sq.guide is None and p.logprobs is None and p.fsd_alpha <= 0.0 and p.mirostat != 2
+            and (p.temperature < GREEDY_BELOW or p.top_k == 1) and not p.allowed_token_ids and not p.logit_bias
+            and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+            and len(sq.output_ids) >= p.min_tokens)
+
+
 class Sampler:
     """Chooses one token per row of a ``[B, V]`` logits batch; see the module docstring."""
 
@@ -162,6 +172,15 @@ class Sampler:
         dev = logits.device
         logits = logits.float()
         params = [sq.params for sq in seqs]
+        if all(_plain_greedy(sq) for sq in seqs):  # the common serving case: one argmax, one transfer
+            x = logits
+            vocab = min(self.vocab_size or V, V)
+            if V > vocab:  # padded embedding rows are never chosen (as apply_processors does)
+                x = logits.clone()
+                x[:, vocab:] = NEG_INF
+            out = x.argmax(-1).tolist()
+            self._bypass_eos(out, x, seqs)
+            return SampleOutput(out, None, None)
         raw_lp = torch.log_softmax(logits, -1) if any(p.logprobs is not None for p in params) else None
         x = self.process(logits, seqs)
 
@@ -172,16 +191,19 @@ class Sampler:
         race = backup = x                # guided rows: what the argmax ranks, and the untruncated race
         rnd = [b for b in range(B) if kinds[b] in ("random", "mirostat")]
         if rnd:
-            filtered = self.truncate(x[rnd], [seqs[b] for b in rnd])
-            q = self._noise([seqs[b] for b in rnd], V, dev)
-            idx = torch.tensor(rnd, device=dev)
+            every = len(rnd) == B  # all rows draw: no gather/scatter of rows (same values, fewer copies)
+            xr = x if every else x[rnd]
+            filtered = self.truncate(xr, seqs if every else [seqs[b] for b in rnd])
+            q = self._noise(seqs if every else [seqs[b] for b in rnd], V, dev)
+            idx = None if every else torch.tensor(rnd, device=dev)
+            put = (lambda base, rows: rows) if every else (lambda base, rows: base.index_copy(0, idx, rows))
             logq = q.clamp_min(1e-30).log()
-            tokens = tokens.index_copy(0, idx, (filtered - logq).argmax(-1))
-            final = final.index_copy(0, idx, filtered)
+            tokens = put(tokens, (filtered - logq).argmax(-1))
+            final = put(final, filtered)
             if guided:
                 temp = _col([max(params[b].temperature, GREEDY_BELOW) for b in rnd], dev)
-                race = x.index_copy(0, idx, filtered - logq)
-                backup = x.index_copy(0, idx, x[rnd] / temp - logq)
+                race = put(x, filtered - logq)
+                backup = put(x, xr / temp - logq)
         fsd = [b for b in range(B) if kinds[b] == "fsd"]
         if fsd:
             final = final.clone()
@@ -203,7 +225,8 @@ class Sampler:
         x = apply_processors(logits, [sq.params for sq in seqs], [(sq.prompt_ids, sq.output_ids) for sq in seqs],
                              self.eos_ids, vocab)
         dead = torch.isneginf(x).all(-1, keepdim=True)  # everything masked (e.g. allowed ids all EOS + min_tokens)
-        if bool(dead.any()):
+        # on an accelerator always take the (no-op for live rows) where: ``bool(dead.any())`` is a host sync
+        if dev.type != "cpu" or bool(dead.any()):
             fallback = logits if V <= vocab else logits.masked_fill(torch.arange(V, device=dev) >= vocab, NEG_INF)
             x = torch.where(dead, fallback, x)
         return x
@@ -230,7 +253,8 @@ class Sampler:
                 or tfs[i] < 1]
         if not need:
             return x
-        s, order = torch.sort(x[need], dim=-1, descending=True)  # the one sort
+        every = len(need) == n
+        s, order = torch.sort(x if every else x[need], dim=-1, descending=True)  # the one sort
         sel = lambda vals: [vals[i] for i in need]  # noqa: E731
         if any(v < V for v in sel(k)):
             s = top_k_filter(s, _col(sel(k), dev, torch.long))
@@ -245,13 +269,17 @@ class Sampler:
         if any(sel(miro)):
             mu = [seqs[i].mirostat_mu if miro[i] else math.inf for i in need]
             s = mirostat_filter(s, _col(mu, dev))
-        idx = torch.tensor(need, device=dev)
-        return x.index_copy(0, idx, torch.full_like(s, NEG_INF).scatter_(1, order, s))
+        back = torch.full_like(s, NEG_INF).scatter_(1, order, s)
+        return back if every else x.index_copy(0, torch.tensor(need, device=dev), back)
 
     def _noise(self, seqs: list[SeqSampling], V: int, dev: torch.device) -> torch.Tensor:
         """``[n, V]`` Exp(1) draws: a seeded row from its own generator only (V draws every step)."""
-        q = torch.empty(len(seqs), V, device=dev)
         shared = [i for i, sq in enumerate(seqs) if sq.generator is None]
+        if len(shared) == len(seqs):  # no seeded row: one draw, no row scatter (the same numbers)
+            g = self.generator
+            gdev = g.device if g is not None else dev
+            return torch.empty(len(seqs), V, device=gdev).exponential_(generator=g).to(dev)
+        q = torch.empty(len(seqs), V, device=dev)
         if shared:
             g = self.generator
             gdev = g.device if g is not None else dev

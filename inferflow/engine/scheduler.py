@@ -93,16 +93,27 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         done: set[int] = set()
-        decodes = [s for s in self.running if s.num_tokens - s.num_computed == 1]
-        prefills = [s for s in self.running if s.num_tokens - s.num_computed > 1]
+        decodes: list[Sequence] = []
+        prefills: list[Sequence] = []
+        for s in self.running:  # one pass (num_tokens is a property): this is O(batch) every step
+            rem = s.num_tokens - s.num_computed
+            if rem == 1:
+                decodes.append(s)
+            elif rem > 1:
+                prefills.append(s)
+        bs, sched = self.block_size, out.scheduled
+        running = RequestStatus.RUNNING
         for seq in decodes + prefills:
             if budget == 0:
                 break
-            if seq.status is not RequestStatus.RUNNING or seq.finished:
+            if seq.status is not running:
                 continue  # preempted (or failed) for an earlier one in this loop
-            n = self._reserve(seq, min(seq.num_tokens - seq.num_computed, budget), done, out)
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            # steady-state decode: the token fits the blocks it already has (no allocation, no preemption)
+            if not (n == 1 and seq.num_computed < len(seq.block_table) * bs):
+                n = self._reserve(seq, n, done, out)
             if n:
-                out.scheduled.append(Scheduled(seq, seq.num_computed, n))
+                sched.append(Scheduled(seq, seq.num_computed, n))
                 done.add(id(seq))
                 budget -= n
         if out.preempted:

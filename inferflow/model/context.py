@@ -46,6 +46,8 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
     """
     tq, tk = q.shape[-2], k.shape[-2]
     mask = None
+    if causal and tq == 1 and q_start >= tk - 1:  # one query at the last key sees every key: no mask to build
+        causal = False                            # (a one-token decode step; saves ~6 small ops per layer)
     if causal or window is not None:
         qi = torch.arange(q_start, q_start + tq, device=q.device)[:, None]
         ki = torch.arange(tk, device=q.device)[None, :]

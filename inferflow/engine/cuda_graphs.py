@@ -1,0 +1,99 @@
+"""CUDA graphs for decode steps: one captured static decode step (static_decode.py) per batch-size bucket.
+
+A pure-decode batch of ``n`` sequences replays the graph of the smallest bucket >= n (1, 2, 4, 8, 16, 32, ...,
+up to ``max_num_seqs``), so a step costs one graph launch instead of a few thousand kernel launches from
+Python. Buckets are captured on first use (a warm-up run on a side stream first: Triton compiles, the
+allocator settles), all in one shared memory pool. Prefill and mixed batches stay eager (model_runner.py).
+A bucket whose capture fails (an op that syncs with the host, say) turns graphs off for the engine: the
+static step then runs eagerly, which is still correct.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from .static_decode import StaticDecode
+
+log = logging.getLogger(__name__)
+
+
+def buckets(max_batch: int) -> list[int]:
+    """Powers of two below ``max_batch``, then ``max_batch`` itself."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
+class DecodeGraphs:
+    """Replays captured static decode steps; ``graphs=False`` runs the same padded step eagerly (CPU tests)."""
+
+    def __init__(self, model: Any, cache: Any, max_batch: int, max_model_len: int, *, graphs: bool = True,
+                 use_kernel: bool | None = None):
+        self.static = StaticDecode(model, cache, max_batch, max_model_len, use_kernel)
+        self.buckets = buckets(max_batch)
+        self.graphs_on = graphs and model.device.type == "cuda"
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self.replays = 0
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def fits(self, n: int, longest: int) -> bool:
+        return self.static.fits(n, longest)
+
+    @torch.inference_mode()
+    def run(self, items: Sequence[tuple[Any, int, int]]) -> torch.Tensor:
+        """float32 logits [n, vocab] for ``(sequence, position, token)`` decode items."""
+        n = len(items)
+        rows = self.bucket(n)
+        self.static.prepare(items, rows)
+        if not self.graphs_on:
+            return self._eager(rows)[:n]
+        hit = self._graphs.get(rows)
+        if hit is None:
+            hit = self._capture(rows)
+            if hit is None:
+                return self._eager(rows)[:n]
+        hit[0].replay()
+        self.replays += 1
+        return hit[1][:n]
+
+    def _eager(self, rows: int) -> torch.Tensor:
+        """The static step without a graph; a failing Triton kernel (a compiler or driver problem) gives way to
+        the torch attention path for good (the step only rewrites K/V, so running it again is safe)."""
+        try:
+            return self.static.forward(rows)
+        except Exception as e:  # noqa: BLE001
+            if not self.static.use_kernel:
+                raise
+            log.warning("paged decode kernel failed (%s: %s); using torch attention", type(e).__name__, e)
+            self.static.use_kernel = False
+            self._graphs.clear()
+            return self.static.forward(rows)
+
+    def _capture(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: compiles kernels; rewrites the same K/V the replay writes
+            for _ in range(2):
+                self._eager(rows)
+        torch.cuda.current_stream().wait_stream(side)
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                out = self.static.forward(rows)
+        except Exception as e:  # noqa: BLE001 - an uncapturable op: run eagerly from now on
+            log.warning("CUDA graph capture of the decode step failed (%s: %s); decode runs eagerly",
+                        type(e).__name__, e)
+            self.graphs_on = False
+            torch.cuda.synchronize()
+            return None
+        self._graphs[rows] = (g, out)
+        return g, out

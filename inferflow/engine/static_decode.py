@@ -1,0 +1,126 @@
+"""The decode step with static shapes: what a CUDA graph captures (cuda_graphs.py), also runnable eagerly.
+
+A pure-decode batch of ``n`` sequences runs padded to a bucket of ``B >= n`` rows. Every per-step input lives
+in one persistent device buffer (token ids, positions, KV slots, key counts and block tables padded to the
+widest table ``max_model_len`` needs), filled by ONE host->device copy from a pinned staging buffer. Nothing
+in the step reads a Python value that changes between steps, and nothing syncs with the host, so the same
+kernels with the same pointers serve every step of that bucket.
+
+Padded rows repeat row 0 (its token, position, slot and table): they compute row 0's values again and write
+the same K/V to row 0's slot, so no spare block is needed and nothing else in the cache is touched. Their
+logits are dropped.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..model.context import AttentionBackend, BiasFn, ForwardContext, attention_core
+from .kv_cache import PagedKVCache
+
+
+class StaticDecodeBackend(AttentionBackend):
+    """Self-attention for decode rows from static tensors: slots [B], tables [B, W], lens [B] (keys incl. new)."""
+
+    def __init__(self, cache: PagedKVCache, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                 max_len: int, use_kernel: bool):
+        super().__init__()
+        self.cache, self.slots, self.tables, self.lens, self.max_len = cache, slots, tables, lens, max_len
+        self.use_kernel = use_kernel
+        self._memo: dict = {}
+
+    def self_attention(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, *,
+                       causal: bool, scale: float, window: int | None = None, softcap: float | None = None,
+                       bias_fn: BiasFn | None = None) -> torch.Tensor:
+        kv = self.cache
+        kv.write(key, self.slots, k, v)
+        store = kv._dev[key]  # the layer's [blocks, block_size, Hkv, D] K/V (read in place by the kernel)
+        if self.use_kernel and bias_fn is None and not kv.quantized and store.device == q.device:
+            from . import triton_attention  # imports Triton: only where the kernel runs
+
+            return triton_attention.paged_decode(q, store.k, store.v, self.tables, self.lens, scale=scale,
+                                                 max_len=self.max_len, softcap=softcap, window=window)
+        # torch path: gather the whole static width, mask keys past each row's length (and outside its window)
+        bs = kv.block_size
+        memo = self._memo
+        if "idx" not in memo:
+            pos = torch.arange(self.tables.shape[1] * bs, device=self.tables.device)
+            memo["kpos"], memo["qpos"] = pos, self.lens - 1
+            memo["idx"] = self.tables[:, pos // bs] * bs + pos % bs
+            memo["mask"] = pos[None, :] < self.lens[:, None]
+        mask = memo["mask"]
+        if window is not None:
+            mask = mask & (memo["kpos"][None, :] > memo["qpos"][:, None] - window)
+        kk, vv = kv.gather_idx(key, memo["idx"].to(kv.storage_device(key)))
+        cdev = kk.device
+        bias = None
+        if bias_fn is not None:
+            bias = bias_fn(memo["qpos"].to(cdev), memo["kpos"].to(cdev)).transpose(0, 1)[:, :, None, :]
+        o = attention_core(q.to(cdev)[:, :, None, :], kk.transpose(1, 2), vv.transpose(1, 2), q_start=0, causal=False,
+                           scale=scale, softcap=softcap, bias=bias, key_mask=mask.to(cdev))
+        return o[:, :, 0, :].to(q.device)
+
+
+class StaticDecode:
+    """Persistent inputs of the static decode step for up to ``max_batch`` rows; ``prepare`` + ``forward``."""
+
+    def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_model_len: int,
+                 use_kernel: bool | None = None):
+        self.model, self.cache = model, cache
+        self.max_batch, self.max_len = max_batch, max_model_len
+        self.width = -(-max_model_len // cache.block_size)      # block-table columns
+        dev = model.device
+        if use_kernel is None:
+            from . import triton_attention
+
+            use_kernel = triton_attention.available(dev)
+        self.use_kernel = use_kernel
+        n = max_batch * (4 + self.width)
+        self.dev_buf = torch.zeros(n, dtype=torch.long, device=dev)
+        pin = dev.type == "cuda"
+        # two staging buffers: the next step fills one while the last copy may still read the other
+        self.host = [torch.zeros(n, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self.flip = 0
+        B = max_batch
+        self.ids, self.pos, self.slots, self.lens = (self.dev_buf[i * B:(i + 1) * B] for i in range(4))
+        self.tables = self.dev_buf[4 * B:].view(B, self.width)
+
+    def fits(self, n: int, longest: int) -> bool:
+        return n <= self.max_batch and longest <= self.max_len
+
+    def prepare(self, items: Sequence[tuple[Any, int, int]], rows: int) -> None:
+        """Stage ``(sequence, position, token)`` items, padded to ``rows`` rows by repeating the first item."""
+        host = self.host[self.flip]
+        self.flip ^= 1
+        a = host.numpy()
+        B, W, bs = self.max_batch, self.width, self.cache.block_size
+        n = len(items)
+        tabs = a[4 * B:].reshape(B, W)
+        for i, (seq, p, tok) in enumerate(items):
+            table = seq.block_table
+            a[i], a[B + i], a[2 * B + i], a[3 * B + i] = tok, p, table[p // bs] * bs + p % bs, p + 1
+            tabs[i, :len(table)] = table
+        if rows > n:
+            for j in range(4):
+                a[j * B + n:j * B + rows] = a[j * B]
+            tabs[n:rows] = tabs[0]
+        end = 4 * B + rows * W
+        self.dev_buf[:end].copy_(host[:end], non_blocking=True)
+
+    def forward(self, rows: int) -> torch.Tensor:
+        """float32 logits [rows, vocab] of the staged batch (static shapes; capturable)."""
+        backend = StaticDecodeBackend(self.cache, self.slots[:rows], self.tables[:rows], self.lens[:rows],
+                                      self.max_len, self.use_kernel)
+        ones = [1] * rows
+        return self.model.forward_packed(self.ids[:rows], self.pos[:rows], ones, ones, backend)
+
+
+def pure_decode(scheduled: Sequence[Any]) -> bool:
+    """Every scheduled chunk is one token that produces the sequence's next token."""
+    return bool(scheduled) and all(sc.num_tokens == 1 and sc.samples for sc in scheduled)
+
+
+def decode_items(scheduled: Sequence[Any]) -> list[tuple[Any, int, int]]:
+    return [(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1)[0]) for sc in scheduled]
+

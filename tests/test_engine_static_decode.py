@@ -1,0 +1,99 @@
+"""The GPU fast path's logic on the CPU: the padded static decode step (what a CUDA graph captures), run eagerly,
+gives the normal path's logits and tokens; fused q/k/v and gate/up projections give the unfused logits."""
+import os
+
+import pytest
+import torch
+
+import engine_models
+from engine_models import one_thread  # noqa: F401 - autouse fixture
+from inferflow.engine import Engine, EngineConfig, SamplingParams
+from inferflow.engine.cuda_graphs import DecodeGraphs, buckets
+from inferflow.engine.static_decode import pure_decode
+from inferflow.model.fuse import fuse_projections
+
+
+@pytest.fixture(scope="module", params=["llama", "mixtral"])
+def decoder(request, tmp_path_factory):
+    return getattr(engine_models, request.param)(tmp_path_factory.mktemp(request.param))
+
+
+def _engine(m, static: bool, **cfg) -> Engine:
+    eng = Engine(m, EngineConfig(**{"block_size": 4, "num_blocks": 256, "max_num_batched_tokens": 48,
+                                    "max_num_seqs": 12, **cfg}))
+    if static:  # the static step, eagerly (no graphs on the CPU), through the torch attention path
+        eng.runner.graphs = DecodeGraphs(m, eng.cache, eng.config.max_num_seqs, eng.max_model_len, graphs=False,
+                                         use_kernel=False)
+    return eng
+
+
+def test_buckets():
+    assert buckets(1) == [1]
+    assert buckets(12) == [1, 2, 4, 8, 12]
+    assert buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_static_step_equals_normal_path(decoder):
+    """Every pure-decode step runs both ways on the same cache: same logits; then same greedy tokens overall."""
+    prompts, outs = engine_models.mix(20, seed=3)
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    eng = _engine(decoder, static=True)
+    runner, checked = eng.runner, []
+    plain_run = runner.forward
+
+    def both(scheduled):
+        ref = plain_run([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1), 1) for sc in scheduled]) \
+            if pure_decode(scheduled) else None
+        out = type(runner).run(runner, scheduled)
+        if ref is not None:
+            checked.append(len(scheduled))
+            tol = 1e-5 * ref.abs().max().item() + 1e-6
+            assert out.shape == ref.shape and (out - ref).abs().max().item() <= tol
+        return out
+
+    runner.run = both
+    got = [r.outputs[0].token_ids for r in eng.generate(prompts, params)]
+    eng.cache.pool.assert_clean()
+    assert checked and max(checked) > 4 and any(n not in buckets(12) for n in checked)  # padded buckets ran
+    plain = _engine(decoder, static=False)
+    want = [r.outputs[0].token_ids for r in plain.generate(prompts, params)]
+    assert got == want
+
+
+def test_fused_projections_same_logits(tmp_path):
+    m = engine_models.llama(tmp_path)
+    ids = torch.tensor([[5, 9, 3, 17, 40, 7]])
+    ref = m.logits(ids)
+    names = {n for n, _ in m.net.named_parameters()}
+    assert fuse_projections(m.net) == 4  # 2 layers x (q/k/v, gate/up)
+    attn = m.net.decoder.layers[0].self_attn
+    assert attn.fused and attn.qkv_proj.weight.shape[0] == attn.qd + 2 * attn.kvd
+    assert attn.q_proj.weight.data_ptr() == attn.qkv_proj.weight.data_ptr()  # a view, not a copy
+    assert names <= {n for n, _ in m.net.named_parameters()}
+    assert (m.logits(ids) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item() + 1e-6
+    assert fuse_projections(m.net) == 0  # idempotent
+
+
+def test_engine_fuses_on_request(tmp_path):
+    m = engine_models.llama(tmp_path)
+    prompts, outs = engine_models.mix(6, seed=1)
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    want = [r.outputs[0].token_ids for r in _engine(m, False).generate(prompts, params)]
+    eng = _engine(m, False, fuse_projections=True)
+    assert m.net.decoder.layers[0].mlp.fused
+    assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
+    if m.device.type == "cpu":
+        assert eng.runner.graphs is None  # static decode steps are a CUDA path
+
+
+def test_kernel_failure_falls_back_to_torch(tmp_path):
+    """A kernel that cannot run (here: Triton on CPU tensors, or no Triton) gives way to the torch path for good."""
+    m = engine_models.llama(tmp_path)
+    prompts, outs = engine_models.mix(5, seed=2)
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    want = [r.outputs[0].token_ids for r in _engine(m, False).generate(prompts, params)]
+    eng = _engine(m, True)
+    eng.runner.graphs.static.use_kernel = True
+    assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
+    runs = m.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"  # where the kernel can run
+    assert eng.runner.graphs.static.use_kernel is runs
