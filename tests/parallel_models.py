@@ -139,13 +139,18 @@ def _worker(rank: int, world: int, init: str, placement, folders: dict[str, str]
         dist.destroy_process_group()
 
 
-def run_parallel(world: int, placement, folders: dict[str, Path], engine: bool = True) -> None:
-    """Spawn ``world`` gloo ranks; an assertion in any rank fails the caller."""
+def _spawn(worker, world: int, *args) -> None:
+    """Spawn ``world`` gloo ranks of ``worker(rank, world, init_method, *args)``; an assertion in any rank fails the
+    caller."""
     fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
     os.close(fd)
     os.unlink(name)
-    mp.spawn(_worker, args=(world, f"file://{name}", placement, {k: str(v) for k, v in folders.items()}, engine),
-             nprocs=world, join=True)
+    mp.spawn(worker, args=(world, f"file://{name}", *args), nprocs=world, join=True)
+
+
+def run_parallel(world: int, placement, folders: dict[str, Path], engine: bool = True) -> None:
+    """Spawn ``world`` gloo ranks; an assertion in any rank fails the caller."""
+    _spawn(_worker, world, placement, {k: str(v) for k, v in folders.items()}, engine)
 
 
 def _replicated_worker(rank: int, world: int, init: str, placement, folder: str) -> None:
@@ -181,10 +186,7 @@ def _replicated_worker(rank: int, world: int, init: str, placement, folder: str)
 
 
 def run_replicated(world: int, placement, folder: Path) -> None:
-    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
-    os.close(fd)
-    os.unlink(name)
-    mp.spawn(_replicated_worker, args=(world, f"file://{name}", placement, str(folder)), nprocs=world, join=True)
+    _spawn(_replicated_worker, world, placement, str(folder))
 
 
 def _mapped_ranges(obj, seen: set | None = None, out: list | None = None) -> list:
@@ -247,10 +249,7 @@ def _load_worker(rank: int, world: int, init: str, placement, folder: str) -> No
 
 
 def run_load(world: int, placement, folder: Path) -> None:
-    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
-    os.close(fd)
-    os.unlink(name)
-    mp.spawn(_load_worker, args=(world, f"file://{name}", placement, str(folder)), nprocs=world, join=True)
+    _spawn(_load_worker, world, placement, str(folder))
 
 
 def _micro_worker(rank: int, world: int, init: str, placement, folders: dict[str, str]) -> None:
@@ -278,11 +277,7 @@ def _micro_worker(rank: int, world: int, init: str, placement, folders: dict[str
 
 
 def run_micro(world: int, placement, folders: dict[str, Path]) -> None:
-    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
-    os.close(fd)
-    os.unlink(name)
-    mp.spawn(_micro_worker, args=(world, f"file://{name}", placement, {k: str(v) for k, v in folders.items()}),
-             nprocs=world, join=True)
+    _spawn(_micro_worker, world, placement, {k: str(v) for k, v in folders.items()})
 
 
 def _replicated_encoder_worker(rank: int, world: int, init: str, placement, folder: str) -> None:
@@ -314,8 +309,4 @@ def _replicated_encoder_worker(rank: int, world: int, init: str, placement, fold
 
 
 def run_replicated_encoder(world: int, placement, folder: Path) -> None:
-    fd, name = tempfile.mkstemp(prefix="inferflow-dist-")
-    os.close(fd)
-    os.unlink(name)
-    mp.spawn(_replicated_encoder_worker, args=(world, f"file://{name}", placement, str(folder)), nprocs=world,
-             join=True)
+    _spawn(_replicated_encoder_worker, world, placement, str(folder))
