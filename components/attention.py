@@ -7,6 +7,7 @@ relative buckets add a bias. K/V storage and the attention kernel belong to ``ct
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from inferflow.component import Component
@@ -101,12 +102,23 @@ class Attention(Component):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        q, k = self._norm(self.q_norm, q, self.h), self._norm(self.k_norm, k, self.hkv)
+        qk = None
+        # q/k norms + RoPE as one kernel on CUDA (inferflow/model/fused_qk_rope.py; "force": tests on the CPU)
+        if self.fused and self.q_norm is not None and (q.is_cuda
+                                                       or os.environ.get("INFERFLOW_FUSE_QK_ROPE") == "force"):
+            from inferflow.model import fused_qk_rope
+
+            if fused_qk_rope.wanted(q):
+                qk = fused_qk_rope.norm_rope(self, q, k, ctx)
+        if qk is None:
+            q, k = self._norm(self.q_norm, q, self.h), self._norm(self.k_norm, k, self.hkv)
+        else:
+            q, k = qk
         v = v.view(n, self.hkv, self.d)
         bias_fn = None
         pos = ctx.position if self.use_position else None
         if pos is not None:
-            if hasattr(pos, "rotate"):
+            if hasattr(pos, "rotate") and qk is None:
                 q, k = pos.rotate(q, k, ctx)
             if hasattr(pos, "bias_fn"):
                 bias_fn = pos.bias_fn(ctx, self.causal)

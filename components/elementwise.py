@@ -18,7 +18,15 @@ class Add(Component):
     def __init__(self, p: Params):
         super().__init__()
 
+    fused_norm = None  # (rmsnorm,) when the sum's RMSNorm runs in the same kernel (inferflow/model/fuse_add_norm.py)
+
     def forward(self, xs, ctx=None):
+        if self.fused_norm is not None:
+            from inferflow.model.fuse_add_norm import run_add
+
+            out = run_add(self, xs)
+            if out is not None:
+                return out
         out = xs[0]
         for x in xs[1:]:
             out = out + x

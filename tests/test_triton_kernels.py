@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from triton_modes import keep_one_mode
 import torch
 
 # Triton reads the switch when it is first imported: an earlier test of the session may have imported it
@@ -29,15 +30,11 @@ from inferflow.model.context import ForwardContext  # noqa: E402
 
 @pytest.fixture(scope="module")
 def kernels():
-    if not (FRESH and INTERPRETED):
-        pytest.skip("Triton was imported before the interpreter switch: test_in_subprocess runs these")
     return triton_attention
 
 
 def test_in_subprocess():
     """Run this file's kernel tests in a fresh interpreter when Triton was imported earlier in this session."""
-    if FRESH and INTERPRETED:
-        pytest.skip("running in-process")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                        env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent.parent)
@@ -117,3 +114,6 @@ def test_fused_ops_match_torch(kernels, dtype):
     ref = torch.nn.functional.silu(gate) * up
     assert (fused_ops.silu_mul(gate, up).float() - ref.float()).abs().max() <= (1e-5 if dtype == torch.float32
                                                                                 else 1e-2)
+
+
+keep_one_mode(globals(), FRESH and INTERPRETED)

@@ -240,6 +240,37 @@ def kernel_check(device: str, small: bool = False, dtype: torch.dtype = torch.bf
     cos, sin = rope.cos_sin(ctx, dtype)
     q = torch.randn(64, H, D, device=device, generator=g).to(dtype)
     out["fused_rope"] = (fused_ops.rope_half(q, cos, sin).float() - rope._rot(q, cos, sin).float()).abs().max().item()
+    # residual add + RMSNorm, q/k norm + RoPE, the one-launch K/V write (None: the kernel declined the inputs)
+    from types import SimpleNamespace
+
+    from inferflow.engine import triton_kv_write
+    from inferflow.model import fuse_add_norm, fused_qk_rope
+
+    a, b = (torch.randn(64, hid, device=device, generator=g).to(dtype) for _ in range(2))
+    sy = fuse_add_norm.add_rmsnorm(a, b, w, 1e-6)
+    s = a + b
+    h = s.float()
+    ref = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    out["fused_add_rmsnorm"] = None if sy is None else max((sy[0].float() - s.float()).abs().max().item(),
+                                                          (sy[1].float() - ref.float()).abs().max().item())
+    qkv = torch.randn(64, (H + 2 * hkv) * D, device=device, generator=g).to(dtype) * 3
+    qq, kk, vv = qkv.split([H * D, hkv * D, hkv * D], -1)
+    norms = [create("rmsnorm", {"dim": D, "eps": 1e-6}) for _ in range(2)]
+    for nm in norms:
+        nm.weight = torch.nn.Parameter(torch.randn(D, device=device, generator=g).to(dtype), requires_grad=False)
+    ctx.position = rope
+    attn = SimpleNamespace(use_position=True, q_norm=norms[0], k_norm=norms[1], d=D, h=H, hkv=hkv,
+                           qk_norm_per_head=True)
+    got = fused_qk_rope.norm_rope(attn, qq, kk, ctx)
+    want = (rope._rot(norms[0](qq.reshape(64, H, D)), cos, sin), rope._rot(norms[1](kk.reshape(64, hkv, D)), cos, sin))
+    out["fused_qk_norm_rope"] = None if got is None else max((x.float() - y.float()).abs().max().item()
+                                                             for x, y in zip(got, want))
+    kf, vf = (torch.zeros(nb * bs, hkv, D, device=device, dtype=dtype) for _ in range(2))
+    slots = torch.randperm(nb * bs, device=device, generator=g)[:64]
+    k3, v3 = kk.view(64, hkv, D), vv.view(64, hkv, D)
+    ok = triton_kv_write.write_kv(kf, vf, slots, k3, v3)
+    out["fused_kv_write"] = None if not ok else max((kf[slots].float() - k3.float()).abs().max().item(),
+                                                    (vf[slots].float() - v3.float()).abs().max().item())
     return out
 
 

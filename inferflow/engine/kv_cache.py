@@ -235,6 +235,11 @@ class PagedKVCache:
             st.ks.view(-1, st.ks.shape[2]).index_copy_(0, slots, sk)
             st.vs.view(-1, st.vs.shape[2]).index_copy_(0, slots, sv)
         else:
+            if kf.is_cuda:  # K and V in one launch instead of two index_copy_ (+ casts): triton_kv_write.py
+                from .triton_kv_write import write_kv
+
+                if write_kv(kf, vf, slots, k, v):
+                    return
             kf.index_copy_(0, slots, k.to(self.store_dtype))
             vf.index_copy_(0, slots, v.to(self.store_dtype))
 

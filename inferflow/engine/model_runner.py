@@ -33,6 +33,10 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         if config is not None and (config.fuse_projections if config.fuse_projections is not None else cuda):
             fuse_projections(model.net)
+        if config is not None and (config.fuse_add_norm if config.fuse_add_norm is not None else cuda):
+            from ..model.fuse_add_norm import fuse_add_norms  # imports Triton: only when asked for
+
+            fuse_add_norms(model.net)  # no-op with $INFERFLOW_FUSE_ADD_NORM=0
         # static decode steps on CUDA (graph replays, or eager with cuda_graphs off: still the Triton paged kernel);
         # not for encoder-decoders (per-request cross K/V), host-resident KV layers or embedding tables
         self.graphs: DecodeGraphs | None = None

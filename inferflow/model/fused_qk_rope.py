@@ -1,0 +1,108 @@
+"""Per-head q-norm, k-norm and rotate-half RoPE of a fused q|k|v projection output as ONE kernel (CUDA, Triton).
+
+Attention with per-head RMSNorm on q and k (and a rotate-half RoPE) runs four small kernels per layer on the
+projection output (q norm, k norm, q rope, k rope); this is one launch over every q and k head of every token,
+with the torch composition's roundings: the norm's output rounded to the dtype (as ``RMSNorm`` returns it), then
+RoPE's products and sum each rounded (as ``fused_ops.rope_half``). Used by attention for CUDA tensors
+(``INFERFLOW_FUSE_QK_ROPE=force``: CPU tensors too, for tests under ``TRITON_INTERPRET=1``); ``=0`` turns it off;
+a kernel failure warns once and leaves the separate ops in charge for good.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+ENV = "INFERFLOW_FUSE_QK_ROPE"
+_state = {"ok": triton is not None}
+
+
+def wanted(x: torch.Tensor) -> bool:
+    return _state["ok"] and os.environ.get(ENV, "1") != "0" and (x.is_cuda or os.environ.get(ENV) == "force")
+
+
+if triton is not None:
+    @triton.jit
+    def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, HALF: tl.constexpr,
+                      WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+        r = tl.program_id(0)
+        n = r // (H + HKV)
+        h = r % (H + HKV)  # q heads then k heads: head h starts at h * D in the q|k|v row
+        is_q = h < H
+        i = tl.arange(0, HALF)
+        base = QKV + n * sx + h * 2 * HALF
+        x1 = tl.load(base + i).to(tl.float32)
+        x2 = tl.load(base + HALF + i).to(tl.float32)
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+        w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
+        dt = QO.dtype.element_ty
+        if HAS_OFFSET:
+            w1 = w1 + offset
+            w2 = w2 + offset
+        if WEIGHT_IN_FLOAT:
+            y1 = (x1 * rstd * w1).to(dt).to(tl.float32)
+            y2 = (x2 * rstd * w2).to(dt).to(tl.float32)
+        else:  # torch: w.to(dtype) * h.to(dtype)
+            if HAS_OFFSET:
+                w1 = w1.to(dt).to(tl.float32)
+                w2 = w2.to(dt).to(tl.float32)
+            y1 = (w1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            y2 = (w2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        c1 = tl.load(C + n * sc + i).to(tl.float32)
+        c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
+        s1 = tl.load(S + n * sc + i).to(tl.float32)
+        s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
+        o1 = ((y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
+        qrow = tl.minimum(h, H - 1)
+        krow = tl.maximum(h - H, 0)
+        qo = QO + (n * H + qrow) * 2 * HALF
+        ko = KO + (n * HKV + krow) * 2 * HALF
+        qm = i < tl.where(is_q, HALF, 0)  # all-true for a q head, all-false for a k head
+        km = i < tl.where(is_q, 0, HALF)
+        tl.store(qo + i, o1, mask=qm)
+        tl.store(qo + HALF + i, o2, mask=qm)
+        tl.store(ko + i, o1, mask=km)
+        tl.store(ko + HALF + i, o2, mask=km)
+
+
+def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """q [N, H, D] and k [N, Hkv, D], normalized per head and rotated, from the q and k parts of a fused q|k|v
+    output; None when the pattern does not hold (the caller runs the separate ops)."""
+    pos = ctx.position if getattr(attn, "use_position", False) else None
+    qn, kn, d, h, hkv = attn.q_norm, attn.k_norm, attn.d, attn.h, attn.hkv
+    if (pos is None or getattr(pos, "style", None) != "half" or getattr(pos, "dim", None) != d
+            or hasattr(pos, "bias_fn")
+            or not attn.qk_norm_per_head or getattr(qn, "component_name", None) != "rmsnorm"
+            or getattr(kn, "component_name", None) != "rmsnorm" or (qn.eps, qn.offset, qn.weight_in_float)
+            != (kn.eps, kn.offset, kn.weight_in_float) or d % 2 or (d // 2) & (d // 2 - 1)
+            or q.dim() != 2 or q.stride(-1) != 1 or k.stride(0) != q.stride(0)
+            or k.data_ptr() != q.data_ptr() + q.shape[1] * q.element_size()  # k right after q in each row
+            or qn.weight.dtype != q.dtype or kn.weight.dtype != q.dtype):
+        return None
+    cos, sin = pos.cos_sin(ctx, q.dtype)
+    if cos.shape[-1] != d or cos.stride(-1) != 1 or sin.stride() != cos.stride() or cos.dtype != q.dtype:
+        return None
+    N = q.shape[0]
+    qo = torch.empty((N, h, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((N, hkv, d), dtype=q.dtype, device=q.device)
+    if N:
+        try:
+            _qk_norm_rope[(N * (h + hkv),)](q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0),
+                                            h, hkv, float(qn.eps), float(qn.offset), HALF=d // 2,
+                                            WEIGHT_IN_FLOAT=bool(qn.weight_in_float), HAS_OFFSET=bool(qn.offset))
+        except Exception as e:  # noqa: BLE001 - any compile/launch failure: the separate ops from now on
+            _state["ok"] = False
+            warnings.warn(f"fused q/k norm + RoPE kernel failed ({type(e).__name__}: {e}); using the separate ops "
+                          f"(set {ENV}=0 to skip it)", RuntimeWarning, stacklevel=2)
+            return None
+    return qo, ko

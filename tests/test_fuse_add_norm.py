@@ -1,0 +1,223 @@
+"""The decode step's fused Triton kernels under TRITON_INTERPRET=1 (CPU): residual add + RMSNorm
+(inferflow/model/fuse_add_norm.py) against the torch composition, the pass's pattern detection (pre-norm, sandwich
+norms, across layers) and tiny models with the pass applied giving the unfused logits and tokens; the q/k norm +
+RoPE kernel (fused_qk_rope.py) and the one-launch K/V cache write (engine/triton_kv_write.py) likewise."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from triton_modes import keep_one_mode
+import torch
+import transformers
+
+# Triton reads the switch when it is first imported: an earlier test of the session may have imported it
+FRESH = "triton" not in sys.modules
+os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+import triton  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+INTERPRETED = bool(getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "interpret", False))
+
+import engine_models  # noqa: E402
+from engine_models import one_thread  # noqa: E402,F401 - autouse fixture
+from inferflow.model import fuse_add_norm as fan  # noqa: E402
+from inferflow.registry import create  # noqa: E402
+from parity import save  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def interp():
+    """The kernels run under Triton's interpreter (keep_one_mode, at the end, keeps these tests only where they can)."""
+
+
+def test_in_subprocess():
+    """Run this file's tests in a fresh interpreter when Triton was imported earlier in this session."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                       env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_matches_torch(interp, dtype):
+    g = torch.Generator().manual_seed(5)
+    a, b = ((torch.randn(5, 48, generator=g) * 3).to(dtype) for _ in range(2))  # 48: a masked (padded) block
+    add = create("add", {})
+    for offset, in_float in ((0.0, False), (1.0, True), (1.0, False)):
+        norm = create("rmsnorm", {"dim": 48, "eps": 1e-6, "offset": offset, "weight_in_float": in_float})
+        norm.weight = torch.nn.Parameter(torch.randn(48, generator=g).to(dtype), requires_grad=False)
+        s, y = fan.add_rmsnorm(a, b, norm.weight, 1e-6, offset, in_float)
+        ref_s = add([a, b])
+        assert torch.equal(s, ref_s)  # the sum is exact
+        assert (y.float() - norm(ref_s).float()).abs().max() <= (1e-5 if dtype == torch.float32 else 2e-3)
+    assert fan.add_rmsnorm(a, b[:, :47].contiguous(), norm.weight, 1e-6) is None  # shapes differ: torch path
+    assert fan.add_rmsnorm(a, b.double(), norm.weight, 1e-6) is None
+
+
+def _qwen3(tmp):
+    cfg = transformers.Qwen3Config(vocab_size=engine_models.VOCAB, hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   max_position_embeddings=128)
+    return _load(transformers.Qwen3ForCausalLM(cfg), tmp)
+
+
+def _gemma2(tmp):
+    cfg = transformers.Gemma2Config(vocab_size=engine_models.VOCAB, hidden_size=32, intermediate_size=48,
+                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    max_position_embeddings=128, sliding_window=16)
+    return _load(transformers.Gemma2ForCausalLM(cfg), tmp)
+
+
+def _load(hf, tmp):
+    import inferflow
+
+    torch.manual_seed(0)
+    engine_models._perturb(hf)  # non-trivial norm weights
+    m = inferflow.load(save(hf, tmp), dtype="float32", device="cpu")
+    m.tokenizer = engine_models.CharTokenizer()
+    return m
+
+
+# links: per layer the attention add -> next norm (+ sandwich: pre-FF norm), each layer's last add -> next norm
+@pytest.mark.parametrize("family,links", [("llama", 4), ("qwen3", 4), ("gemma2", 4)])
+def test_fused_model_same_logits(interp, tmp_path, monkeypatch, family, links):
+    m = engine_models.llama(tmp_path) if family == "llama" else globals()[f"_{family}"](tmp_path)
+    ids = torch.tensor([[5, 9, 3, 17, 40, 7, 11]])
+    ref = m.logits(ids)
+    names = {n for n, _ in m.net.named_parameters()}
+    assert fan.fuse_add_norms(m.net) == links
+    assert {n for n, _ in m.net.named_parameters()} == names  # the links add no parameters
+    calls = []
+    real = fan.add_rmsnorm
+    monkeypatch.setattr(fan, "add_rmsnorm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = m.logits(ids)
+    assert len(calls) == links
+    assert not any("fused_pending" in mod.__dict__ for mod in m.net.modules())  # every norm took its output
+    assert (out - ref).abs().max().item() <= 1e-5 * ref.abs().max().item() + 1e-6
+    assert out.argmax(-1).tolist() == ref.argmax(-1).tolist()
+
+
+def test_engine_fuses_on_request_and_switch(interp, tmp_path, monkeypatch):
+    from inferflow.engine import Engine, EngineConfig, SamplingParams
+
+    m = _qwen3(tmp_path)
+    prompts, outs = engine_models.mix(4, seed=3)
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    cfg = {"block_size": 4, "num_blocks": 128, "max_num_batched_tokens": 48, "max_num_seqs": 8}
+    want = [r.outputs[0].token_ids for r in Engine(m, EngineConfig(**cfg)).generate(prompts, params)]
+    assert m.net.decoder.layers[0].attn_out.fused_norm is None  # CPU default: off
+    monkeypatch.setenv(fan.ENV, "0")
+    assert fan.fuse_add_norms(m.net) == 0  # switched off
+    monkeypatch.delenv(fan.ENV)
+    eng = Engine(m, EngineConfig(**cfg, fuse_add_norm=True))
+    assert m.net.decoder.layers[0].attn_out.fused_norm is not None
+    assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
+
+
+def test_kernel_failure_falls_back(interp, tmp_path, monkeypatch):
+    m = engine_models.llama(tmp_path)
+    ids = torch.tensor([[5, 9, 3, 17]])
+    ref = m.logits(ids)
+    fan.fuse_add_norms(m.net)
+
+    class Broken:
+        def __getitem__(self, grid):
+            raise RuntimeError("no kernel here")
+
+    monkeypatch.setattr(fan, "_add_rmsnorm", Broken())
+    monkeypatch.setitem(fan._state, "ok", True)
+    with pytest.warns(RuntimeWarning, match="fused add"):
+        out = m.logits(ids)
+    assert torch.equal(out, ref)  # the torch path, exactly
+    assert not fan.enabled()
+
+
+@pytest.mark.parametrize("dtype,store", [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                         (torch.float32, torch.float16)])
+def test_kv_write_kernel_matches_index_copy(interp, dtype, store):
+    """The paged cache's one-launch K/V write (inferflow/engine/triton_kv_write.py) against two index_copy_."""
+    from inferflow.engine import triton_kv_write as kvw
+
+    g = torch.Generator().manual_seed(7)
+    N, hkv, D, S = 5, 2, 24, 40                                       # row 48: a masked block
+    qkv = (torch.randn(N, 4 * hkv * D, generator=g) * 3).to(dtype)
+    k = qkv[:, hkv * D:2 * hkv * D].view(N, hkv, D)                   # views into a fused projection output
+    v = qkv[:, 2 * hkv * D:3 * hkv * D].view(N, hkv, D)
+    slots = torch.tensor([3, 17, 0, 39, 17])                          # a padded row repeats a slot
+    v[4] = v[1]
+    k[4] = k[1]
+    kf, vf = (torch.randn(S, hkv, D, generator=g).to(store) for _ in range(2))
+    rk, rv = kf.clone(), vf.clone()
+    rk.index_copy_(0, slots, k.to(store))
+    rv.index_copy_(0, slots, v.to(store))
+    assert kvw.write_kv(kf, vf, slots, k, v)
+    assert torch.equal(kf, rk) and torch.equal(vf, rv)
+    assert not kvw.write_kv(kf, vf, slots, k.transpose(1, 2), v.transpose(1, 2))  # odd layout: index_copy_
+
+
+@pytest.mark.parametrize("dtype,offset,in_float", [(torch.float32, 0.0, False), (torch.float16, 0.0, False),
+                                                   (torch.float16, 1.0, True)])
+def test_qk_norm_rope_kernel_matches_torch(interp, dtype, offset, in_float):
+    """q/k per-head RMSNorm + rotate-half RoPE in one kernel (inferflow/model/fused_qk_rope.py) on a q|k|v row."""
+    from types import SimpleNamespace
+
+    from inferflow.model import fused_qk_rope
+    from inferflow.model.context import ForwardContext
+
+    g = torch.Generator().manual_seed(11)
+    N, H, hkv, D = 5, 4, 2, 16
+    qkv = (torch.randn(N, (H + 2 * hkv) * D, generator=g) * 3).to(dtype)
+    q, k, _ = qkv.split([H * D, hkv * D, hkv * D], -1)
+    norms = []
+    for _ in range(2):
+        nm = create("rmsnorm", {"dim": D, "eps": 1e-6, "offset": offset, "weight_in_float": in_float})
+        nm.weight = torch.nn.Parameter(torch.randn(D, generator=g).to(dtype), requires_grad=False)
+        norms.append(nm)
+    rope = create("rope", {"dim": D, "theta": 10000.0})
+    ctx = ForwardContext(positions=torch.tensor([0, 3, 7, 100, 9]), q_lens=[5], k_lens=[5], backend=None)
+    ctx.position = rope
+    attn = SimpleNamespace(use_position=True, q_norm=norms[0], k_norm=norms[1], d=D, h=H, hkv=hkv,
+                           qk_norm_per_head=True)
+    qo, ko = fused_qk_rope.norm_rope(attn, q, k, ctx)
+    cos, sin = rope.cos_sin(ctx, dtype)
+    rq = rope._rot(norms[0](q.reshape(N, H, D)), cos, sin)
+    rk = rope._rot(norms[1](k.reshape(N, hkv, D)), cos, sin)
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    assert (qo.float() - rq.float()).abs().max() <= tol and (ko.float() - rk.float()).abs().max() <= tol
+
+
+def test_qwen3_all_fusions_same_tokens(interp, tmp_path, monkeypatch):
+    """A q/k-norm model with fused projections, fused q/k norm + RoPE and fused add + norm: the unfused logits."""
+    from inferflow.model import fused_qk_rope
+    from inferflow.model.fuse import fuse_projections
+
+    m = _qwen3(tmp_path)
+    ids = torch.tensor([[5, 9, 3, 17, 40, 7, 11]])
+    ref = m.logits(ids)
+    fuse_projections(m.net)
+    fan.fuse_add_norms(m.net)
+    monkeypatch.setenv(fused_qk_rope.ENV, "force")
+    calls = []
+    real = fused_qk_rope.norm_rope
+    monkeypatch.setattr(fused_qk_rope, "norm_rope", lambda *a: calls.append(1) or real(*a))
+    out = m.logits(ids)
+    assert len(calls) == 2 and real(m.net.decoder.layers[0].self_attn, *_qk(m, ids)) is not None
+    assert (out - ref).abs().max().item() <= 1e-5 * ref.abs().max().item() + 1e-6
+    assert out.argmax(-1).tolist() == ref.argmax(-1).tolist()
+
+
+def _qk(m, ids):
+    from inferflow.model.context import ForwardContext
+
+    attn = m.net.decoder.layers[0].self_attn
+    x = torch.randn(3, attn.qkv_proj.weight.shape[1])
+    q, k, _ = attn.qkv_proj(x).split([attn.qd, attn.kvd, attn.kvd], -1)
+    ctx = ForwardContext(positions=torch.tensor([0, 1, 2]), q_lens=[3], k_lens=[3], backend=None)
+    ctx.position = m.net.decoder.position
+    return q, k, ctx
+
+
+keep_one_mode(globals(), FRESH and INTERPRETED)
