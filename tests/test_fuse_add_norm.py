@@ -2,24 +2,14 @@
 (inferflow/model/fuse_add_norm.py) against the torch composition, the pass's pattern detection (pre-norm, sandwich
 norms, across layers) and tiny models with the pass applied giving the unfused logits and tokens; the q/k norm +
 RoPE kernel (fused_qk_rope.py) and the one-launch K/V cache write (engine/triton_kv_write.py) likewise."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from triton_modes import keep_one_mode
+from triton_modes import interpreter_in_process, keep_one_mode, run_file_in_subprocess
 import torch
 import transformers
 
-# Triton reads the switch when it is first imported: an earlier test of the session may have imported it
-FRESH = "triton" not in sys.modules
-os.environ["TRITON_INTERPRET"] = "1"
+IN_PROCESS = interpreter_in_process()  # before anything here imports Triton
 pytest.importorskip("triton")
-import triton  # noqa: E402
-
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
-INTERPRETED = bool(getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "interpret", False))
 
 import engine_models  # noqa: E402
 from engine_models import one_thread  # noqa: E402,F401 - autouse fixture
@@ -35,10 +25,7 @@ def interp():
 
 def test_in_subprocess():
     """Run this file's tests in a fresh interpreter when Triton was imported earlier in this session."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                       env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent.parent)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    run_file_in_subprocess(__file__)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -220,4 +207,4 @@ def _qk(m, ids):
     return q, k, ctx
 
 
-keep_one_mode(globals(), FRESH and INTERPRETED)
+keep_one_mode(globals(), IN_PROCESS)

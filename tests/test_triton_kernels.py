@@ -1,23 +1,13 @@
 """The GPU fast path's Triton kernels under TRITON_INTERPRET=1 (CPU): the paged decode kernel against the engine's
 torch paged attention (PagedAttentionBackend) and the reference, for GQA, ragged lengths, block_size 16, soft-cap
 and a sliding window; the fused RMSNorm / RoPE / SwiGLU ops against the components' torch compositions."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from triton_modes import keep_one_mode
+from triton_modes import interpreter_in_process, keep_one_mode, run_file_in_subprocess
 import torch
 
-# Triton reads the switch when it is first imported: an earlier test of the session may have imported it
-FRESH = "triton" not in sys.modules
-os.environ["TRITON_INTERPRET"] = "1"
+IN_PROCESS = interpreter_in_process()  # before anything here imports Triton
 pytest.importorskip("triton")
-import triton  # noqa: E402
-
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
-INTERPRETED = bool(getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "interpret", False))
 
 from inferflow.engine import triton_attention  # noqa: E402
 from inferflow.model import fused_ops  # noqa: E402
@@ -35,10 +25,7 @@ def kernels():
 
 def test_in_subprocess():
     """Run this file's kernel tests in a fresh interpreter when Triton was imported earlier in this session."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                       env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent.parent)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    run_file_in_subprocess(__file__)
 
 
 @pytest.mark.parametrize("dtype,softcap,window", [(torch.float32, None, None), (torch.float16, 20.0, None),
@@ -116,4 +103,4 @@ def test_fused_ops_match_torch(kernels, dtype):
                                                                                 else 1e-2)
 
 
-keep_one_mode(globals(), FRESH and INTERPRETED)
+keep_one_mode(globals(), IN_PROCESS)

@@ -29,6 +29,8 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover
     triton = None
+if triton is not None:
+    from .fused_ops import rms_apply  # the norm's arithmetic, shared with the plain fused RMSNorm
 
 ENV = "INFERFLOW_FUSE_ADD_NORM"
 _state = {"ok": triton is not None}
@@ -50,21 +52,8 @@ if triton is not None:
         b = tl.load(B + row * sb + offs, mask=mask, other=0.0).to(tl.float32)
         s = (a + b).to(S.dtype.element_ty)  # torch: a + b computed in float32, rounded to the dtype
         tl.store(S + row * D + offs, s, mask=mask)
-        x = s.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps)
-        hn = x * rstd
-        w = tl.load(W + offs, mask=mask, other=0.0)
-        if HAS_OFFSET:
-            wf = w.to(tl.float32) + offset
-        else:
-            wf = w.to(tl.float32)
-        if WEIGHT_IN_FLOAT:
-            y = hn * wf
-        else:  # torch: w.to(dtype) * h.to(dtype), a product of two rounded values
-            if HAS_OFFSET:
-                wf = wf.to(Y.dtype.element_ty).to(tl.float32)
-            y = wf * hn.to(Y.dtype.element_ty).to(tl.float32)
-        tl.store(Y + row * D + offs, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Y + row * D + offs, rms_apply(s.to(tl.float32), W, Y, offs, mask, eps, offset, D, WEIGHT_IN_FLOAT,
+                                               HAS_OFFSET), mask=mask)
 
 
 def _served(x: torch.Tensor) -> bool:

@@ -29,14 +29,9 @@ def usable(x: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _rmsnorm(X, W, Y, sx_n, sx_h, H, eps, offset, D: tl.constexpr, BLOCK: tl.constexpr,
-                 WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
-        row = tl.program_id(0)
-        n = row // H
-        h = row % H
-        offs = tl.arange(0, BLOCK)
-        mask = offs < D
-        x = tl.load(X + n * sx_n + h * sx_h + offs, mask=mask, other=0.0).to(tl.float32)
+    def rms_apply(x, W, Y, offs, mask, eps, offset, D: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr,
+                  HAS_OFFSET: tl.constexpr):
+        """RMSNorm of one float32 row ``x`` times the weight, with the torch composition's roundings, in Y's dtype."""
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps)
         hn = x * rstd
         w = tl.load(W + offs, mask=mask, other=0.0)
@@ -50,7 +45,19 @@ if triton is not None:
             if HAS_OFFSET:
                 wf = wf.to(Y.dtype.element_ty).to(tl.float32)
             y = wf * hn.to(Y.dtype.element_ty).to(tl.float32)
-        tl.store(Y + row * D + offs, y.to(Y.dtype.element_ty), mask=mask)
+        return y.to(Y.dtype.element_ty)
+
+    @triton.jit
+    def _rmsnorm(X, W, Y, sx_n, sx_h, H, eps, offset, D: tl.constexpr, BLOCK: tl.constexpr,
+                 WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+        row = tl.program_id(0)
+        n = row // H
+        h = row % H
+        offs = tl.arange(0, BLOCK)
+        mask = offs < D
+        x = tl.load(X + n * sx_n + h * sx_h + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + row * D + offs, rms_apply(x, W, Y, offs, mask, eps, offset, D, WEIGHT_IN_FLOAT, HAS_OFFSET),
+                 mask=mask)
 
     @triton.jit
     def _silu_mul(G, Y, O, sg, sy, I, BLOCK: tl.constexpr):
