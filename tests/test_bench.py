@@ -13,12 +13,7 @@ from inferflow.bench.report import write_section
 from service_helpers import LiveServer, chat_llama, tiny_llama_config
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
