@@ -12,11 +12,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import inferflow
 from parity import DEVICE
-from service_helpers import tiny_llama_config
+from service_helpers import chatml_bpe, tiny_llama_config
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -32,12 +31,7 @@ CORPUS = ['{"name": "Paris", "age": 42, "ok": true, "x": null, "f": false}',
 
 def json_tokenizer(folder: Path) -> int:
     """Train and save the byte-level BPE; returns its vocabulary size."""
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=180, special_tokens=["<s>", "<|im_end|>",
-                                                                                      "<|im_start|>"],
-                                                       show_progress=False))
+    tk = chatml_bpe(180, CORPUS)
     tk.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<|im_end|>",

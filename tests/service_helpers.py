@@ -10,9 +10,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,23 @@ CORPUS = ["hello world, this is a tiny test.", "héllo wörld 你好 🙂", "The
           "user: hi there", "assistant: hello!", "system: be nice and brief", "what is the weather in Paris?"]
 
 
+def chatml_bpe(vocab_size: int, corpus: list[str] = CORPUS) -> Tokenizer:
+    """A byte-level BPE trained on ``corpus`` with ChatML's specials (<s> 0, <|im_end|> 1, <|im_start|> 2)."""
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "<|im_end|>",
+                                                                                             "<|im_start|>"],
+                                                       show_progress=False))
+    return tk
+
+
+def tiny_llama_ref(vocab: int, seed: int = 0, **kw) -> transformers.LlamaForCausalLM:
+    """A seeded random tiny llama (HF reference model, eval mode) of :func:`tiny_llama_config`'s shape."""
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(tiny_llama_config(vocab, **kw)).eval()
+
+
 def tiny_llama_config(vocab: int, **kw) -> transformers.LlamaConfig:
     base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
@@ -38,12 +52,7 @@ def tiny_llama_config(vocab: int, **kw) -> transformers.LlamaConfig:
 def chat_llama(folder: Path, seed: int = 0) -> Path:
     """Random llama (context 128) + byte-level BPE (vocab <= 120) + ChatML; EOS is <|im_end|>."""
     folder.mkdir(parents=True, exist_ok=True)
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=120, special_tokens=["<s>", "<|im_end|>",
-                                                                                      "<|im_start|>"],
-                                                       show_progress=False))
+    tk = chatml_bpe(120)
     tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tk.save(str(folder / "tokenizer.json"))
     vocab = tk.get_vocab_size()
@@ -148,39 +157,8 @@ def tiny_bert(folder: Path) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """uvicorn serving ``app`` on a free 127.0.0.1 port from a background thread."""
-
-    def __init__(self, app, port: int | None = None):
-        import uvicorn
-
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    def __enter__(self) -> "LiveServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+# the tests serve through the same in-process server `inferflow bench` uses
+from inferflow.service.threaded import ThreadedServer as LiveServer, free_port  # noqa: E402,F401
 
 
 API_KEY = "sk-test"

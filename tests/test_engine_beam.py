@@ -12,6 +12,7 @@ import inferflow
 from engine_models import VOCAB, _perturb, one_thread  # noqa: F401 - autouse fixture
 from inferflow.engine import Engine, EngineConfig, SamplingParams
 from parity import save
+from service_helpers import tiny_llama_ref
 
 # (beam_width, length_penalty, early_stopping, max_new_tokens)
 CASES = [(3, 1.0, False, 10), (4, 2.0, True, 12), (2, 2.0, False, 8), (4, -1.0, False, 9), (3, 1.5, "never", 10)]
@@ -58,10 +59,7 @@ def _check(m, ref, prompts, eos, skip, **hf_kw):
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(0)
-    ref = transformers.LlamaForCausalLM(cfg).eval()
+    ref = tiny_llama_ref(VOCAB, intermediate_size=48)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # peaked distributions, and an EOS (id 2) that wins in some contexts
         ref.lm_head.weight.mul_(8)

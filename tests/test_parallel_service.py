@@ -5,7 +5,6 @@ query file with a placement too."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,18 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service_helpers import chat_llama
+from service_helpers import chat_llama, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MSG = [{"role": "user", "content": "hello world"}]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _want(folder: Path, ids: list[int]) -> str:
@@ -42,7 +35,7 @@ def _want(folder: Path, ids: list[int]) -> str:
 @pytest.mark.parametrize("launch", ["torchrun", "spawn", "parallel.serve"])
 def test_service_placement_tensor_parallel_chat(tmp_path, one_thread, launch):
     folder = chat_llama(tmp_path / "tiny")
-    port = _free_port()
+    port = free_port()
     (tmp_path / "svc.json").write_text(json.dumps({"port": port, "log_level": "warning", "models": [
         {"name": "tiny", "source": str(folder), "dtype": "float32", "placement": {"tensor_parallel": 2},
          "engine": {"num_blocks": 64, "block_size": 4}}]}))

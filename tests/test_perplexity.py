@@ -16,6 +16,7 @@ from inferflow.cli import main
 from inferflow.errors import InferflowError
 from inferflow.eval.perplexity import perplexity, windows
 from parity import save
+from service_helpers import tiny_llama_ref
 
 VOCAB = 96
 GPL = "tests/data/gpl-3.txt"
@@ -31,10 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def ref_and_model(tmp_path_factory):
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(0)
-    ref = transformers.LlamaForCausalLM(cfg).eval()
+    ref = tiny_llama_ref(VOCAB, intermediate_size=48)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # sharper than the init, so per-token NLLs differ a lot between contexts
         for p in ref.parameters():

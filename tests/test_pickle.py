@@ -10,7 +10,6 @@ import zipfile
 
 import pytest
 import torch
-import transformers
 from safetensors.torch import save_file
 
 import inferflow
@@ -18,16 +17,14 @@ from inferflow.errors import FormatError, UnsafeFileError
 from inferflow.loaders import open_file
 from inferflow.loaders.pickle_source import PickleSource
 from parity import check_decoder, save, sequences
+from service_helpers import tiny_llama_ref
 
 VOCAB = 96
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    ref = transformers.LlamaForCausalLM(cfg).eval()
+    ref = tiny_llama_ref(VOCAB, max_position_embeddings=64)
     return ref, save(ref, tmp_path_factory.mktemp("st"))
 
 

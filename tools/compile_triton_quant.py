@@ -7,8 +7,6 @@ Exit status 0 when every config compiles, 1 otherwise. Run WITHOUT TRITON_INTERP
 """
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +14,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from triton_aot import compile_one, target_from_args  # noqa: E402
 
 KINDS = {"q4c": (0, "*i32", "*i16"), "q8_0": (1, "*i8", "*fp16"), "q4_0": (2, "*i32", "*fp16")}
 
@@ -34,20 +34,13 @@ def resources(cubin: bytes) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arch", type=int, default=90)
-    a = ap.parse_args()
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("unset TRITON_INTERPRET")
+    target = target_from_args(__doc__)
+    if target is None:
         return 2
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
     from inferflow.quant import triton_gemv as tg
 
-    target = GPUTarget("cuda", a.arch, 32)
     ok = True
     div16 = [["tt.divisibility", 16]]
     for kname, (kind, qt, st) in KINDS.items():
@@ -70,13 +63,8 @@ def main() -> int:
                     sig[c] = "constexpr"
                 attrs = {(fn.arg_names.index(n),): div16 for n in sig if sig[n] != "constexpr" and n not in ("M",)}
                 desc = f"{kname:5s} {act:4s} {fn.__name__:8s} {str(const):70s} w{warps} s{stages}"
-                try:
-                    src = ASTSource(fn, sig, const, attrs)
-                    k = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
-                    print(f"ok   {desc} {resources(k.asm['cubin'])}")
-                except Exception as e:  # noqa: BLE001 - report every failing config
-                    ok = False
-                    print(f"FAIL {desc} {type(e).__name__}: {str(e)[:300]}")
+                ok &= compile_one(desc, fn, sig, const, target, attrs, lambda k: resources(k.asm["cubin"]),
+                                  num_warps=warps, num_stages=stages)
     print("ALL CONFIGS COMPILE" if ok else "SOME CONFIGS FAILED")
     return 0 if ok else 1
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,9 +150,8 @@ class LocalService:
 
     def __init__(self, source: str | None, dtype: str | None = None, device: str | None = None,
                  max_num_seqs: int = 64, name: str = "bench", profile: str | None = None, profile_steps: int = 8):
-        import uvicorn
-
         from ..service import config_from_dict, create_app, load_models
+        from ..service.threaded import ThreadedServer
 
         model = {"name": name, "engine": {"max_num_seqs": max_num_seqs}}
         model.update({k: v for k, v in {"source": source, "dtype": dtype, "device": device}.items() if v})
@@ -164,20 +162,8 @@ class LocalService:
 
             self.served.engine.profiler = StepProfiler(profile, profile_steps, name="service")
         app = create_app(cfg, {name: self.served})
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                                    lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the local inferflow-service did not start")
-            time.sleep(0.02)
+        self.http = ThreadedServer(app, start_timeout=120)
+        self.url = self.http.url
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
+        self.http.stop()
