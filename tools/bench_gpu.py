@@ -16,7 +16,9 @@ through an in-memory weight source (no 16 GB file written). Measured, every syst
 Correctness: last-position logits of 4 prompts (inferflow vs HF: max |diff| / max |ref|, top-1 agreement), greedy
 tokens of the decode runs (leading tokens equal to HF's), the Triton decode kernel vs its torch reference on
 random bf16 data, and graph replay vs eager steps. ``--tiny`` runs a toy shape (CPU smoke test).
-Prints a markdown table and writes ``bench_gpu.json`` (and the table) to ``--out``.
+Prints a markdown table and writes ``bench_gpu.json`` (and the table) to ``--out``; ``--doc FILE`` writes the table
+with the command, machine, versions and date into FILE's ``bench_gpu`` section (``--from-json`` re-renders it
+from a saved ``bench_gpu.json`` without running).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import inferflow  # noqa: E402
+from inferflow.bench.report import header  # noqa: E402
 from inferflow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from inferflow.loaders.source import WeightSource  # noqa: E402
 
@@ -318,7 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serving", type=int, default=256, help="requests of the engine serving load (0: skip)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--doc", help="markdown file whose <!-- bench_gpu --> section gets the table (with the command, "
+                                  "machine, versions and date)")
+    ap.add_argument("--from-json", metavar="FILE", help="write --doc from an earlier run's bench_gpu.json, no run")
     args = ap.parse_args(argv)
+    if args.from_json:
+        if not args.doc:
+            ap.error("--from-json writes --doc: give --doc too")
+        write_doc(args.doc, json.loads(Path(args.from_json).read_text()))
+        print(f"wrote the {DOC_SECTION} section of {args.doc} from {args.from_json}")
+        return 0
     import transformers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -326,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = TINY if args.tiny else QWEN3_8B
     res: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                            "torch": torch.__version__, "transformers": transformers.__version__,
-                           "shape": shape, "args": vars(args), "date": time.strftime("%Y-%m-%d")}
+                           "shape": shape, "args": vars(args), "date": time.strftime("%Y-%m-%d"),
+                           "header": header(sys.argv[1:] if argv is None else argv, "python tools/bench_gpu.py")}
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
 
@@ -450,7 +463,38 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     (outdir / "bench_gpu.md").write_text(text + "\n")
     save()
+    if args.doc:
+        write_doc(args.doc, res)
     return 0
+
+
+DOC_SECTION = "bench_gpu"
+
+
+def write_doc(path: str, res: dict) -> None:
+    """The ``bench_gpu`` section of ``path``: model, command, machine and versions, checks, the table."""
+    from inferflow.bench.report import machine_line, write_section
+
+    sh, h = res["shape"], res.get("header")
+    lines = [f"### GPU fast path: inferflow vs HF transformers ({res.get('date', '')})", "",
+             f"Model: hidden {sh['hidden_size']}, {sh['num_hidden_layers']} layers, {sh['num_attention_heads']} q / "
+             f"{sh['num_key_value_heads']} kv heads of {sh.get('head_dim')}, intermediate {sh['intermediate_size']}, "
+             f"vocab {sh['vocab_size']}, random bf16 weights shared by both systems (`tools/bench_gpu.py`). "
+             f"Device: {res.get('device')}, torch {res.get('torch')}, transformers {res.get('transformers')}.", ""]
+    if h:
+        lines += [machine_line(h), "", "```bash", h["command"], "```", ""]
+    lg = res.get("logits")
+    if lg:
+        lines += [f"Checks: last-position logits vs HF, max |diff| / max |ref| {lg['max_rel_diff']:.4f}, top-1 "
+                  f"{lg['top1_agree']}/{lg['of']}; kernels vs torch (max |diff|): "
+                  + (", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in res["kernel_max_abs_err"].items()) or "not run (no Triton device)"
+                     if isinstance(res.get("kernel_max_abs_err"), dict) else str(res.get("kernel_max_abs_err"))), ""]
+    errors = sorted(k for k in res if k.endswith("_error"))
+    if errors:
+        lines += [f"Phases that failed (see bench_gpu.json): {', '.join(errors)}.", ""]
+    lines.append(table(res, [int(b) for b in str(res["args"]["batches"]).split(",")]))
+    write_section(path, "\n".join(lines), DOC_SECTION)
 
 
 def decode_vs_hf(args: argparse.Namespace, res: dict, eng: Engine, hf: Any, dprompts: dict[int, list[list[int]]],

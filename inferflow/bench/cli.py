@@ -21,6 +21,16 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
+def _rates(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or min(vals) <= 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated request rates > 0 (inf: all at once), got {text!r}")
+    return vals
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="inferflow bench", description="Offline throughput (optionally against HF transformers and llama.cpp, or over precision classes) and serving latency; see docs/benchmarks.md.")
     ap.add_argument("mode", nargs="?", choices=["offline", "serving"], default="offline")
@@ -40,7 +50,10 @@ def parser() -> argparse.ArgumentParser:
                                       "run by us and the peers (batch 1 vs llama.cpp, largest batch vs HF)")
     ap.add_argument("--work-dir", default=str(Path.home() / ".cache" / "inferflow" / "bench"),
                     help="where --classes keeps its GGUF files and HF copies")
-    ap.add_argument("--doc", help="markdown file whose <!-- bench_cpu --> section gets the --classes table")
+    ap.add_argument("--doc", help="markdown file whose <!-- bench_cpu --> section gets the --classes table (serving: "
+                                  "its <!-- bench_serving --> section gets the serving table)")
+    ap.add_argument("--from-json", metavar="FILE", help="serving: write --doc from this earlier --json result "
+                                                        "instead of running")
     ap.add_argument("--json", help="write all results as JSON here")
     ap.add_argument("--plot", metavar="DIR", help="write PNG charts here (needs matplotlib)")
     ap.add_argument("--profile", metavar="DIR", help="write a torch.profiler Chrome trace of a few engine steps")
@@ -50,12 +63,27 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model", help="model name on the service (default: its first)")
     s.add_argument("--api-key")
     s.add_argument("--num-prompts", type=int, default=32)
-    s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    s.add_argument("--request-rate", type=_rates, default=[float("inf")],
+                   help="requests/s (inf: all at once); several (inf,8): one run each, fresh prompts per run")
     s.add_argument("--arrival", choices=["poisson", "fixed"], default="poisson")
     s.add_argument("--max-concurrency", type=int, help="requests in flight at most")
     s.add_argument("--slo-ttft-ms", type=float)
     s.add_argument("--slo-tpot-ms", type=float)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--warmup-requests", type=int, default=1, help="untimed requests sent at once before each "
+                   "timed run (their own random prompts): compiles kernels and captures graphs")
+    s.add_argument("--warmup-tokens", type=int, default=16, help="new tokens per warm-up request")
+    s.add_argument("--client", choices=["process", "thread"], default="process",
+                   help="in-process service: the HTTP client runs in its own process (default; its threads "
+                        "then do not compete with the engine for the GIL) or in threads of this one")
+    e = ap.add_argument_group("serving: the in-process service's engine (EngineConfig)")
+    e.add_argument("--max-num-seqs", type=int, help="running sequences (default: the largest --batch, >= 8)")
+    e.add_argument("--max-num-batched-tokens", type=int, help="tokens per forward pass (prefill chunking)")
+    e.add_argument("--max-model-len", type=int, help="prompt + output cap (smaller: less KV per sequence)")
+    e.add_argument("--gpu-memory-utilization", type=float, help="CUDA: fraction of the GPU the model may use "
+                   "(default 0.9; sizes the KV cache)")
+    e.add_argument("--kv-cache-memory", type=float, help="GiB of KV cache (default: auto)")
+    e.add_argument("--no-prefix-caching", action="store_true")
     return ap
 
 
@@ -64,8 +92,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.new_tokens < 2 or args.rounds < 1 or args.prompt_len < 1:
         ap.error("--new-tokens must be >= 2, --rounds and --prompt-len >= 1")
-    if args.doc and not args.classes:
-        ap.error("--doc writes the --classes table: give --classes too")
+    if args.doc and not args.classes and args.mode != "serving":
+        ap.error("--doc writes the --classes table (or the serving table): give --classes, or use serving mode")
+    if args.from_json and not (args.mode == "serving" and args.doc):
+        ap.error("--from-json writes the serving --doc section: give serving mode and --doc")
+    if args.warmup_requests < 0 or args.warmup_tokens < 1:
+        ap.error("--warmup-requests must be >= 0, --warmup-tokens >= 1")
     args.vs = list(dict.fromkeys(args.vs))
     return args
 

@@ -85,16 +85,27 @@ def one_request(client: Any, url: str, model: str, prompt: list[int], max_tokens
 def run_serving(url: str, prompts: list[list[int]], max_tokens: int, *, model: str | None = None, rate: float =
                 float("inf"), arrival: str = "poisson", max_concurrency: int | None = None, api_key: str | None =
                 None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None, seed: int = 0,
-                warmup: bool = True) -> dict[str, Any]:
-    """Send every prompt once (arrivals at ``rate`` req/s, at most ``max_concurrency`` in flight); metrics."""
+                warmup: bool = True, warmup_prompts: list[list[int]] | None = None,
+                warmup_tokens: int = 16) -> dict[str, Any]:
+    """Send every prompt once (arrivals at ``rate`` req/s, at most ``max_concurrency`` in flight); metrics.
+
+    Warm-up, untimed: ``warmup_prompts`` all at once (``warmup_tokens`` new tokens each, enough for a pure-decode
+    step of all of them, whose CUDA graph is then captured; prompts of their own, so no prefix-cache hit helps a
+    timed request), else with ``warmup`` the first prompt alone for 2 tokens."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max_concurrency or len(prompts))
+    width = max(max_concurrency or len(prompts), len(warmup_prompts or ()), 1)
+    # one pooled connection per request in flight: none waits for a connection, none is re-opened
+    limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     with httpx.Client(timeout=httpx.Timeout(600.0), limits=limits) as client:
         if model is None:
             model = client.get(url + "/v1/models", headers=headers).json()["data"][0]["id"]
-        if warmup:  # first-request costs (allocator, lazy imports, connection) stay out of the figures
+        if warmup_prompts:  # kernels compiled, graphs captured, connections opened: all outside the timing
+            with ThreadPoolExecutor(max_workers=len(warmup_prompts)) as pool:
+                list(pool.map(lambda p: one_request(client, url, model, p, warmup_tokens, headers),
+                              warmup_prompts))
+        elif warmup:  # first-request costs (allocator, lazy imports, connection) stay out of the figures
             one_request(client, url, model, prompts[0], 2, headers)
         cap = threading.BoundedSemaphore(max_concurrency or len(prompts))
         gaps = arrival_gaps(len(prompts), rate, arrival, seed)
@@ -149,11 +160,13 @@ class LocalService:
     """inferflow-service on a free 127.0.0.1 port in this process (uvicorn on a background thread)."""
 
     def __init__(self, source: str | None, dtype: str | None = None, device: str | None = None,
-                 max_num_seqs: int = 64, name: str = "bench", profile: str | None = None, profile_steps: int = 8):
+                 max_num_seqs: int = 64, name: str = "bench", profile: str | None = None, profile_steps: int = 8,
+                 engine: dict[str, Any] | None = None):
+        """``engine``: more EngineConfig keys (max_num_batched_tokens, gpu_memory_utilization, ...)."""
         from ..service import config_from_dict, create_app, load_models
         from ..service.threaded import ThreadedServer
 
-        model = {"name": name, "engine": {"max_num_seqs": max_num_seqs}}
+        model = {"name": name, "engine": {"max_num_seqs": max_num_seqs, **(engine or {})}}
         model.update({k: v for k, v in {"source": source, "dtype": dtype, "device": device}.items() if v})
         cfg = config_from_dict({"models": [model], "log_level": "warning"})
         self.served = load_models(cfg)[name]   # kept: the benchmark reads the model's vocabulary and tokenizer

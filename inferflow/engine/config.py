@@ -21,7 +21,8 @@ class EngineConfig:
     max_model_len: int | None = None       # prompt + output cap; default: the model's context length
     block_size: int = 16                   # tokens per KV block
     num_blocks: int | None = None          # device-tier blocks; None: sized from kv_cache_memory
-    kv_cache_memory: float = 1.0           # GiB for the device tier when num_blocks is None
+    kv_cache_memory: float | None = None   # GiB for the device tier; None: auto (CUDA: gpu_memory_utilization, CPU: 1)
+    gpu_memory_utilization: float = 0.9    # CUDA, auto KV size: the fraction of the GPU weights + activations + KV may use
     swap_space: float = 1.0                # GiB of host RAM for swapped-out blocks (the host tier)
     num_host_blocks: int | None = None     # host-tier blocks; None: sized from swap_space
     preemption_mode: str = "recompute"     # "recompute" or "swap"
@@ -36,6 +37,7 @@ class EngineConfig:
     speculative_draft_layers: int | None = None  # keep the draft's first N decoder layers (e.g. the target's own file)
     num_speculative_tokens: int = 4        # tokens the draft proposes per sequence and step
     cuda_graphs: bool = True               # CUDA only: pure-decode steps replay captured graphs (False: eager)
+    async_scheduling: bool | None = None   # overlap host work with pure-decode steps (overlap.py); None: CUDA only
     fuse_projections: bool | None = None   # q/k/v and gate/up as one GEMM each; None: on CUDA only
     fuse_add_norm: bool | None = None      # residual add + next RMSNorm as one kernel; None: on CUDA only
 
@@ -52,6 +54,13 @@ class EngineConfig:
             raise bad("kv_cache_dtype", "auto, float32, float16, bfloat16 or int8")
         if not 0.0 <= float(self.host_kv_layers) <= 1.0:
             raise bad("host_kv_layers", "a fraction between 0 and 1")
+        if self.kv_cache_memory is not None and (isinstance(self.kv_cache_memory, bool)
+                                                 or not isinstance(self.kv_cache_memory, (int, float))
+                                                 or self.kv_cache_memory <= 0):
+            raise bad("kv_cache_memory", "a positive number of GiB or null (auto)")
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise bad("num_blocks", "a positive integer or null")
         if self.speculative_draft_layers is not None and (not isinstance(self.speculative_draft_layers, int)
