@@ -47,11 +47,13 @@ class DecodeGraphs:
         return self.static.fits(n, longest)
 
     @torch.inference_mode()
-    def run(self, items: Sequence[tuple[Any, int, int]]) -> torch.Tensor:
-        """float32 logits [n, vocab] for ``(sequence, position, token)`` decode items."""
+    def run(self, items: Sequence[tuple[Any, int, int]],
+            feed: tuple[torch.Tensor, Sequence[int]] | None = None) -> torch.Tensor:
+        """float32 logits [n, vocab] for ``(sequence, position, token)`` decode items (``feed``: the token ids
+        are gathered on the device, see StaticDecode.prepare). Nothing here waits for the device."""
         n = len(items)
         rows = self.bucket(n)
-        self.static.prepare(items, rows)
+        self.static.prepare(items, rows, feed)
         if not self.graphs_on:
             return self._eager(rows)[:n]
         hit = self._graphs.get(rows)

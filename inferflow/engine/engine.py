@@ -24,6 +24,7 @@ from .intake import RequestIntake
 from .metrics import EngineCounters, render_prometheus, snapshot
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
+from .overlap import OverlapDecode
 from .postprocess import changed, close_text, delta_output, take_token
 from .profiling import StepProfiler
 from .request import Request, RequestStatus, Sequence
@@ -60,6 +61,8 @@ class Engine(BackgroundStepping):
         self.spec = Speculator(self, self.draft) if self.draft is not None else None
         self.beams = BeamSearch(self)
         self.profiler = StepProfiler.from_env()  # a trace of a few steps ($INFERFLOW_PROFILE_DIR)
+        # pure-decode steps launched before the previous one's tokens are read (overlap.py)
+        self.overlap = OverlapDecode(self) if OverlapDecode.wanted(self) else None
         self._requests: dict[str, Request] = {}
         self._inbox: deque[Request] = deque()
         self._aborts: list[str] = []
@@ -133,6 +136,12 @@ class Engine(BackgroundStepping):
             t0 = time.perf_counter()
             emitted: list[Any] = []
             touched = self._drain()
+            ov = self.overlap
+            if ov is not None and ov.inflight is not None:  # launch the next step, then read the one in flight
+                launched = ov.advance(touched)
+                if launched is not None:
+                    self._account(t0, launched)
+                    return [self._emit(r) for r in touched.values() if changed(r)]
             if self.embeddings.pending() and (not self.scheduler.has_work() or not self.embeddings.ran_last):
                 emitted += self.embeddings.run_batch()
                 self._account(t0, 0)
@@ -144,7 +153,8 @@ class Engine(BackgroundStepping):
             # a failure ends every sequence of its request, some of which may be scheduled
             out.scheduled = [sc for sc in out.scheduled if not sc.seq.finished]
             if out.scheduled:
-                self._run(out, touched)
+                if ov is None or not ov.start(out, touched):
+                    self._run(out, touched)
                 self._account(t0, out.num_tokens)
             return [self._emit(r) for r in touched.values() if changed(r)]
 

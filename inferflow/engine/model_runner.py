@@ -38,11 +38,14 @@ class ModelRunner:
 
             fuse_add_norms(model.net)  # no-op with $INFERFLOW_FUSE_ADD_NORM=0
         # static decode steps on CUDA (graph replays, or eager with cuda_graphs off: still the Triton paged kernel);
-        # not for encoder-decoders (per-request cross K/V), host-resident KV layers or embedding tables
+        # not for encoder-decoders (per-request cross K/V), host-resident KV layers or embedding tables. Overlapped
+        # decode (overlap.py) runs on them: forced on elsewhere (CPU tests), they run eagerly with torch attention
         self.graphs: DecodeGraphs | None = None
-        if (config is not None and cuda and max_model_len and not self.encoder_decoder
+        forced = config is not None and getattr(config, "async_scheduling", None) is True
+        if (config is not None and (cuda or forced) and max_model_len and not self.encoder_decoder
                 and not cache.host_layers and not config.host_embeddings):
-            self.graphs = DecodeGraphs(model, cache, config.max_num_seqs, max_model_len, graphs=config.cuda_graphs)
+            self.graphs = DecodeGraphs(model, cache, config.max_num_seqs, max_model_len, graphs=config.cuda_graphs,
+                                       use_kernel=None if cuda else False)
 
     def run(self, scheduled: Sequence[Scheduled]) -> torch.Tensor:
         """float32 logits [R, vocab] for the scheduled sequences whose chunk ends at their last token, in order."""

@@ -60,8 +60,15 @@ class SampleOutput:
     top_logprobs: list[list[tuple[int, float]]] | None    # per row, its top-N (N = params.logprobs)
 
 
+def _index(values: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A small host list on ``device`` without a host sync (a pageable copy waits for the stream: an overlapped
+    step queued behind would stall the host)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 def _col(values: list[float], device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)[:, None]
+    return _index(values, device, dtype)[:, None]
 
 
 def top_k_filter(s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -168,16 +175,11 @@ class Sampler:
         self.generator = generator  # noise for unseeded rows; None: torch's default generator
 
     def __call__(self, logits: torch.Tensor, seqs: list[SeqSampling]) -> SampleOutput:
-        B, V = logits.shape
-        dev = logits.device
+        B = logits.shape[0]
         logits = logits.float()
         params = [sq.params for sq in seqs]
         if all(_plain_greedy(sq) for sq in seqs):  # the common serving case: one argmax, one transfer
-            x = logits
-            vocab = min(self.vocab_size or V, V)
-            if V > vocab:  # padded embedding rows are never chosen (as apply_processors does)
-                x = logits.clone()
-                x[:, vocab:] = NEG_INF
+            x = self._plain(logits)
             out = x.argmax(-1).tolist()
             self._bypass_eos(out, x, seqs)
             return SampleOutput(out, None, None)
@@ -185,25 +187,8 @@ class Sampler:
         x = self.process(logits, seqs)
 
         kinds = [_kind(p) for p in params]
-        tokens = x.argmax(-1)            # greedy rows keep this
-        final = x                        # each row's candidate scores (-inf = not a candidate), for EOS bypass
         guided = any(sq.guide is not None for sq in seqs)
-        race = backup = x                # guided rows: what the argmax ranks, and the untruncated race
-        rnd = [b for b in range(B) if kinds[b] in ("random", "mirostat")]
-        if rnd:
-            every = len(rnd) == B  # all rows draw: no gather/scatter of rows (same values, fewer copies)
-            xr = x if every else x[rnd]
-            filtered = self.truncate(xr, seqs if every else [seqs[b] for b in rnd])
-            q = self._noise(seqs if every else [seqs[b] for b in rnd], V, dev)
-            idx = None if every else torch.tensor(rnd, device=dev)
-            put = (lambda base, rows: rows) if every else (lambda base, rows: base.index_copy(0, idx, rows))
-            logq = q.clamp_min(1e-30).log()
-            tokens = put(tokens, (filtered - logq).argmax(-1))
-            final = put(final, filtered)
-            if guided:
-                temp = _col([max(params[b].temperature, GREEDY_BELOW) for b in rnd], dev)
-                race = put(x, filtered - logq)
-                backup = put(x, xr / temp - logq)
+        tokens, final, race, backup = self._race(x, seqs, kinds, guided)
         fsd = [b for b in range(B) if kinds[b] == "fsd"]
         if fsd:
             final = final.clone()
@@ -216,6 +201,54 @@ class Sampler:
         self._bypass_eos(out, final, seqs)
         self._update_mirostat(out, final, seqs, kinds)
         return SampleOutput(out, *self._logprobs(raw_lp, out, params))
+
+    def sample_tensor(self, logits: torch.Tensor, seqs: list[SeqSampling]) -> torch.Tensor:
+        """The tokens ``__call__`` picks, as a [B] tensor on the logits' device, without waiting for the device,
+        for rows whose choice needs no host state (overlap.py's ``async_safe``: greedy or random rows without
+        mirostat, FSD, EOS bypass, guides or logprobs). Same operations in the same order: the same tokens, and a
+        seeded row draws the same noise from its generator."""
+        logits = logits.float()
+        if self.vocab_size == 0:
+            self.vocab_size = logits.shape[-1]
+        if all(_plain_greedy(sq) for sq in seqs):
+            return self._plain(logits).argmax(-1)
+        x = self.process(logits, seqs)
+        return self._race(x, seqs, [_kind(sq.params) for sq in seqs], False)[0]
+
+    def _plain(self, logits: torch.Tensor) -> torch.Tensor:
+        """Raw logits with padded embedding rows never chosen (as apply_processors does)."""
+        V = logits.shape[1]
+        vocab = min(self.vocab_size or V, V)
+        if V > vocab:
+            logits = logits.clone()
+            logits[:, vocab:] = NEG_INF
+        return logits
+
+    def _race(self, x: torch.Tensor, seqs: list[SeqSampling], kinds: list[str], guided: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy rows' argmax and random/mirostat rows' exponential race over processed logits ``x``: (tokens
+        [B] on the device, each row's candidate scores (-inf = not a candidate, for EOS bypass), and for guided
+        rows what the argmax ranks and the untruncated race)."""
+        B, V = x.shape
+        dev = x.device
+        tokens = x.argmax(-1)            # greedy rows keep this
+        final = race = backup = x
+        rnd = [b for b in range(B) if kinds[b] in ("random", "mirostat")]
+        if rnd:
+            every = len(rnd) == B  # all rows draw: no gather/scatter of rows (same values, fewer copies)
+            idx = None if every else _index(rnd, dev)
+            xr = x if every else x.index_select(0, idx)
+            filtered = self.truncate(xr, seqs if every else [seqs[b] for b in rnd])
+            q = self._noise(seqs if every else [seqs[b] for b in rnd], V, dev)
+            put = (lambda base, rows: rows) if every else (lambda base, rows: base.index_copy(0, idx, rows))
+            logq = q.clamp_min(1e-30).log()
+            tokens = put(tokens, (filtered - logq).argmax(-1))
+            final = put(final, filtered)
+            if guided:
+                temp = _col([max(seqs[b].params.temperature, GREEDY_BELOW) for b in rnd], dev)
+                race = put(x, filtered - logq)
+                backup = put(x, xr / temp - logq)
+        return tokens, final, race, backup
 
     def process(self, logits: torch.Tensor, seqs: list[SeqSampling]) -> torch.Tensor:
         """The logit processors' output for float32 ``logits`` (a row they mask entirely falls back to the raw
@@ -254,7 +287,7 @@ class Sampler:
         if not need:
             return x
         every = len(need) == n
-        s, order = torch.sort(x if every else x[need], dim=-1, descending=True)  # the one sort
+        s, order = torch.sort(x if every else x.index_select(0, _index(need, dev)), dim=-1, descending=True)
         sel = lambda vals: [vals[i] for i in need]  # noqa: E731
         if any(v < V for v in sel(k)):
             s = top_k_filter(s, _col(sel(k), dev, torch.long))
@@ -270,7 +303,7 @@ class Sampler:
             mu = [seqs[i].mirostat_mu if miro[i] else math.inf for i in need]
             s = mirostat_filter(s, _col(mu, dev))
         back = torch.full_like(s, NEG_INF).scatter_(1, order, s)
-        return back if every else x.index_copy(0, torch.tensor(need, device=dev), back)
+        return back if every else x.index_copy(0, _index(need, dev), back)
 
     def _noise(self, seqs: list[SeqSampling], V: int, dev: torch.device) -> torch.Tensor:
         """``[n, V]`` Exp(1) draws: a seeded row from its own generator only (V draws every step)."""
@@ -283,7 +316,7 @@ class Sampler:
         if shared:
             g = self.generator
             gdev = g.device if g is not None else dev
-            q[shared] = torch.empty(len(shared), V, device=gdev).exponential_(generator=g).to(dev)
+            q[_index(shared, dev)] = torch.empty(len(shared), V, device=gdev).exponential_(generator=g).to(dev)
         for i, sq in enumerate(seqs):
             if sq.generator is not None:
                 q[i] = torch.empty(V, device=sq.generator.device).exponential_(generator=sq.generator).to(dev)

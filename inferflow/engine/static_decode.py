@@ -9,6 +9,9 @@ kernels with the same pointers serve every step of that bucket.
 Padded rows repeat row 0 (its token, position, slot and table): they compute row 0's values again and write
 the same K/V to row 0's slot, so no spare block is needed and nothing else in the cache is touched. Their
 logits are dropped.
+
+An overlapped step (overlap.py) does not know its token ids on the host: ``feed`` gathers them on the device from
+the previous step's sampled tokens (row i takes ``prev[src[i]]``, ``src`` staged with the rest), after the copy.
 """
 from __future__ import annotations
 
@@ -76,37 +79,43 @@ class StaticDecode:
 
             use_kernel = triton_attention.available(dev)
         self.use_kernel = use_kernel
-        n = max_batch * (4 + self.width)
+        n = max_batch * (5 + self.width)  # ids, positions, slots, key counts, feed rows, tables
         self.dev_buf = torch.zeros(n, dtype=torch.long, device=dev)
         pin = dev.type == "cuda"
         # two staging buffers: the next step fills one while the last copy may still read the other
         self.host = [torch.zeros(n, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self.flip = 0
         B = max_batch
-        self.ids, self.pos, self.slots, self.lens = (self.dev_buf[i * B:(i + 1) * B] for i in range(4))
-        self.tables = self.dev_buf[4 * B:].view(B, self.width)
+        self.ids, self.pos, self.slots, self.lens, self.src = (self.dev_buf[i * B:(i + 1) * B] for i in range(5))
+        self.tables = self.dev_buf[5 * B:].view(B, self.width)
 
     def fits(self, n: int, longest: int) -> bool:
         return n <= self.max_batch and longest <= self.max_len
 
-    def prepare(self, items: Sequence[tuple[Any, int, int]], rows: int) -> None:
-        """Stage ``(sequence, position, token)`` items, padded to ``rows`` rows by repeating the first item."""
+    def prepare(self, items: Sequence[tuple[Any, int, int]], rows: int,
+                feed: tuple[torch.Tensor, Sequence[int]] | None = None) -> None:
+        """Stage ``(sequence, position, token)`` items, padded to ``rows`` rows by repeating the first item.
+        ``feed = (prev, src)``: the token ids are ``prev[src]`` (a device tensor; the items' tokens are ignored)."""
         host = self.host[self.flip]
         self.flip ^= 1
         a = host.numpy()
         B, W, bs = self.max_batch, self.width, self.cache.block_size
         n = len(items)
-        tabs = a[4 * B:].reshape(B, W)
+        tabs = a[5 * B:].reshape(B, W)
         for i, (seq, p, tok) in enumerate(items):
             table = seq.block_table
             a[i], a[B + i], a[2 * B + i], a[3 * B + i] = tok, p, table[p // bs] * bs + p % bs, p + 1
             tabs[i, :len(table)] = table
+        if feed is not None:
+            a[4 * B:4 * B + n] = feed[1]
         if rows > n:
-            for j in range(4):
+            for j in range(5):
                 a[j * B + n:j * B + rows] = a[j * B]
             tabs[n:rows] = tabs[0]
-        end = 4 * B + rows * W
+        end = 5 * B + rows * W
         self.dev_buf[:end].copy_(host[:end], non_blocking=True)
+        if feed is not None:  # after the copy on the same stream: overwrites the staged (unknown) ids
+            torch.index_select(feed[0], 0, self.src[:rows], out=self.ids[:rows])
 
     def forward(self, rows: int) -> torch.Tensor:
         """float32 logits [rows, vocab] of the staged batch (static shapes; capturable)."""
