@@ -176,6 +176,71 @@ def test_qk_norm_rope_kernel_matches_torch(interp, dtype, offset, in_float):
     assert (qo.float() - rq.float()).abs().max() <= tol and (ko.float() - rk.float()).abs().max() <= tol
 
 
+@pytest.mark.parametrize("store", [torch.float32, torch.float16])
+def test_qk_norm_rope_writes_kv_cache(interp, store):
+    """With the static decode step's backend (a cache and per-row slots), the q/k norm + RoPE launch also stores
+    the roped k and the v heads at their cache slots, as the cache's write would, and that write is then skipped."""
+    from types import SimpleNamespace
+
+    from inferflow.engine.kv_cache import KVLayer, PagedKVCache
+    from inferflow.model import fused_qk_rope
+    from inferflow.model.context import ForwardContext
+
+    g = torch.Generator().manual_seed(12)
+    N, H, hkv, D, bs = 3, 4, 2, 16, 4
+    qkv = torch.randn(N, (H + 2 * hkv) * D, generator=g) * 3
+    q, k, v = qkv.split([H * D, hkv * D, hkv * D], -1)
+    norms = []
+    for _ in range(2):
+        nm = create("rmsnorm", {"dim": D, "eps": 1e-6})
+        nm.weight = torch.nn.Parameter(torch.randn(D, generator=g), requires_grad=False)
+        norms.append(nm)
+    rope = create("rope", {"dim": D, "theta": 10000.0})
+    cache = PagedKVCache([KVLayer(7, hkv, D)], 6, bs, dtype={torch.float32: "float32", torch.float16: "float16"}[store])
+    ref = PagedKVCache([KVLayer(7, hkv, D)], 6, bs, dtype=cache.dtype)
+    slots = torch.tensor([5, 0, 13])
+    ctx = ForwardContext(positions=torch.tensor([5, 0, 13]), q_lens=[1] * N, k_lens=[6, 1, 14],
+                         backend=SimpleNamespace(cache=cache, slots=slots))
+    ctx.position = rope
+    attn = SimpleNamespace(use_position=True, q_norm=norms[0], k_norm=norms[1], d=D, h=H, hkv=hkv,
+                           qk_norm_per_head=True, cache_key=7)
+    qo, ko = fused_qk_rope.norm_rope(attn, q, k, ctx, v)
+    cos, sin = rope.cos_sin(ctx, torch.float32)
+    rk = rope._rot(norms[1](k.reshape(N, hkv, D)), cos, sin)
+    assert (ko - rk).abs().max() <= 1e-5
+    ref.write(7, slots, ko, v.reshape(N, hkv, D))
+    cache.write(7, slots, ko, torch.zeros(N, hkv, D))  # the kernel's own k: skipped (else v would be zeros)
+    for a, b in zip(cache._dev[7].tensors(), ref._dev[7].tensors()):
+        assert torch.equal(a, b)
+    cache.write(7, slots, ko, torch.zeros(N, hkv, D))  # the claim is used once
+    assert not cache._dev[7].v.any()
+    # no slots on the backend (a prefill or the dense path): no cache write, same q/k
+    ctx.backend = SimpleNamespace(cache=cache)
+    qo2, ko2 = fused_qk_rope.norm_rope(attn, q, k, ctx, v)
+    assert torch.equal(qo, qo2) and torch.equal(ko, ko2) and "_claimed" not in cache.__dict__
+
+
+def test_engine_static_decode_fused_kv_write_same_tokens(interp, tmp_path, monkeypatch):
+    """The static decode step (forced on the CPU through async scheduling) with fused projections and the q/k norm
+    + RoPE kernel storing K/V into the cache itself: the plain engine's greedy tokens."""
+    from inferflow.engine import Engine, EngineConfig, SamplingParams
+    from inferflow.engine.kv_cache import PagedKVCache
+    from inferflow.model import fused_qk_rope
+
+    m = _qwen3(tmp_path)
+    prompts, outs = engine_models.mix(2, seed=4, max_prompt=8, max_out=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    cfg = {"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 48, "max_num_seqs": 4}
+    want = [r.outputs[0].token_ids for r in Engine(m, EngineConfig(**cfg)).generate(prompts, params)]
+    monkeypatch.setenv(fused_qk_rope.ENV, "force")
+    claims = []
+    real = PagedKVCache.claim_write
+    monkeypatch.setattr(PagedKVCache, "claim_write", lambda self, *a: claims.append(1) or real(self, *a))
+    eng = Engine(m, EngineConfig(**cfg, fuse_projections=True, async_scheduling=True))
+    assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
+    assert claims  # the decode steps wrote K/V from the fused kernel
+
+
 def test_qwen3_all_fusions_same_tokens(interp, tmp_path, monkeypatch):
     """A q/k-norm model with fused projections, fused q/k norm + RoPE and fused add + norm: the unfused logits."""
     from inferflow.model import fused_qk_rope

@@ -28,27 +28,55 @@ def test_in_subprocess():
     run_file_in_subprocess(__file__)
 
 
-@pytest.mark.parametrize("dtype,softcap,window", [(torch.float32, None, None), (torch.float16, 20.0, None),
-                                                  (torch.float32, None, 21)])
-def test_kernel_vs_reference(kernels, dtype, softcap, window):
+@pytest.mark.parametrize("dtype,softcap,window,kw", [
+    (torch.float32, None, None, {"min_part": 64}),                      # splits merged by the last program
+    (torch.float16, 20.0, None, {"min_part": 16, "ticket": False}),     # many splits, the merge kernel
+    (torch.float32, None, 21, {"min_part": 16}),                        # window: splits of the live keys only
+    (torch.float32, None, None, {"max_splits": 1}),                     # one split: written directly
+    (torch.float16, None, 40, {"min_part": 32, "ticket": False})])  # (bf16 stores are wrong in the interpreter)
+def test_kernel_vs_reference(kernels, dtype, softcap, window, kw):
     g = torch.Generator().manual_seed(1)
     B, H, hkv, bs, nb = 3, 8, 2, 16, 40
-    D = 8 if window else 32  # a head smaller than tl.dot's minimum K (16) is padded
+    D = 8 if window == 21 else 32  # a head smaller than tl.dot's minimum K (16) is padded
     kc, vc = (torch.randn(nb, bs, hkv, D, generator=g).to(dtype) for _ in range(2))
     q = torch.randn(B, H, D, generator=g).to(dtype)
     lens = torch.tensor([1, 37, 150])
     tables = torch.stack([torch.randperm(nb, generator=g)[:10] for _ in range(B)])
-    out = kernels.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=160, softcap=softcap,
-                               window=window, block_n=16)
-    ref = kernels.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, softcap=softcap, window=window)
-    tol = 1e-5 if dtype == torch.float32 else 2e-3
-    assert (out.float() - ref.float()).abs().max().item() <= tol
+    for _ in range(2):  # twice: the merging program must leave its ticket at 0 for the next call
+        out = kernels.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=160, softcap=softcap,
+                                   window=window, block_n=16, **kw)
+        ref = kernels.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, softcap=softcap,
+                                             window=window)
+        tol = 1e-5 if dtype == torch.float32 else 2e-3
+        assert (out.float() - ref.float()).abs().max().item() <= tol
+    if kw.get("ticket", True):
+        assert not kernels._tickets[q.device].any()
 
 
 def test_splits_bound():
-    assert triton_attention.num_splits(100) == (1, 256)
-    s, part = triton_attention.num_splits(40960)
+    assert triton_attention.num_splits(100, block_n=64, min_part=64) == (2, 64)
+    s, part = triton_attention.num_splits(40960, block_n=64)
     assert s <= 16 and s * part >= 40960 and part % 64 == 0
+    # the grid: about two programs per SM; none extra once (sequence, KV head) programs fill the GPU
+    assert triton_attention.grid_splits(288, programs=8, sms=132, min_part=64) == 5
+    assert triton_attention.grid_splits(40960, programs=8, sms=132) == 16
+    assert triton_attention.grid_splits(40960, programs=512, sms=132) == 1
+
+
+@pytest.mark.parametrize("block_n", [16, None])
+def test_kernel_ignores_keys_past_the_length(kernels, block_n):
+    """Unused cache blocks holding NaN and table padding out of range (-1, huge) change nothing (masked loads)."""
+    g = torch.Generator().manual_seed(4)
+    hkv, H, D, bs, nb = 2, 4, 16, 16, 12
+    kc, vc = (torch.full((nb, bs, hkv, D), float("nan")) for _ in range(2))
+    tables = torch.tensor([[3, 5, -1, 10 ** 6], [7, 10 ** 6, -1, -1]])
+    for blk in (3, 5, 7):
+        kc[blk], vc[blk] = torch.randn(bs, hkv, D, generator=g), torch.randn(bs, hkv, D, generator=g)
+    q = torch.randn(2, H, D, generator=g)
+    lens = torch.tensor([20, 3])
+    out = kernels.paged_decode(q, kc, vc, tables, lens, scale=0.3, max_len=64, block_n=block_n, min_part=16)
+    ref = kernels.paged_decode_reference(q, kc.nan_to_num(), vc.nan_to_num(), tables.clamp(0, nb - 1), lens, scale=0.3)
+    assert (out - ref).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("window", [None, 9])

@@ -1,6 +1,7 @@
 """Compile the fused residual-add + RMSNorm kernel (inferflow/model/fuse_add_norm.py), the q/k norm + RoPE kernel
-(inferflow/model/fused_qk_rope.py) and the one-launch K/V cache write (inferflow/engine/triton_kv_write.py) for
-a GPU target without a GPU (Triton's ahead-of-time compile), for the activation dtypes and a few sizes.
+(inferflow/model/fused_qk_rope.py), the one-launch K/V cache write (inferflow/engine/triton_kv_write.py) and the
+paged decode attention kernels (inferflow/engine/triton_attention.py) for a GPU target without a GPU (Triton's
+ahead-of-time compile), for the activation dtypes and a few sizes.
 
     python tools/compile_triton_fused.py [--arch 90]
 
@@ -22,6 +23,7 @@ def main() -> int:
         return 2
     import triton
 
+    from inferflow.engine import triton_attention as ta
     from inferflow.engine import triton_kv_write as kvw
     from inferflow.model import fuse_add_norm as fan
     from inferflow.model import fused_qk_rope as fqr
@@ -43,13 +45,33 @@ def main() -> int:
             ok &= compile_one(f"kv_write {dt}->{st} row={row}", kvw._kv_write, sig, const, target)
     for dt in ("bf16", "fp16", "fp32"):
         for d in (64, 128, 256):
-            for in_float, offset in ((False, False), (True, True)):
-                sig = {**{k: f"*{dt}" for k in ("QKV", "WQ", "WK", "C", "S", "QO", "KO")}, "sx": "i32", "sc": "i32",
-                       "H": "i32", "HKV": "i32", "eps": "fp32", "offset": "fp32",
-                       **{k: "constexpr" for k in ("HALF", "WEIGHT_IN_FLOAT", "HAS_OFFSET")}}
-                const = {"HALF": d // 2, "WEIGHT_IN_FLOAT": in_float, "HAS_OFFSET": offset}
-                ok &= compile_one(f"qk_norm_rope {dt} D={d} weight_in_float={in_float}", fqr._qk_norm_rope, sig,
-                                  const, target)
+            for in_float, offset, write in ((False, False, True), (True, True, False)):
+                sig = {**{k: f"*{dt}" for k in ("QKV", "WQ", "WK", "C", "S", "QO", "KO", "KC", "VC")}, "sx": "i32",
+                       "sc": "i32", "H": "i32", "HKV": "i32", "eps": "fp32", "offset": "fp32", "SLOTS": "*i64",
+                       **{k: "constexpr" for k in ("HALF", "WEIGHT_IN_FLOAT", "HAS_OFFSET", "WRITE_KV")}}
+                const = {"HALF": d // 2, "WEIGHT_IN_FLOAT": in_float, "HAS_OFFSET": offset, "WRITE_KV": write}
+                ok &= compile_one(f"qk_norm_rope {dt} D={d} weight_in_float={in_float} write_kv={write}",
+                                  fqr._qk_norm_rope, sig, const, target)
+    for dt in ("bf16", "fp16", "fp32"):
+        for d, g, ticket, cap, win, bn in ((128, 4, True, False, False, 32), (128, 4, False, True, True, 64),
+                                           (64, 8, True, True, False, 32), (256, 2, True, False, True, 64)):
+            ints = ("scale", "softcap", "window", "min_part", "sq_b", "sq_h", "sk_s", "sk_h", "sv_s", "sv_h", "st_b",
+                    "sm_b", "sm_h", "sa_b", "sa_h", "sa_s", "so_b", "so_h", "S")
+            sig = {**{k: f"*{dt}" for k in ("Q", "K", "V", "Out")}, "Tables": "*i64", "Lens": "*i64",
+                   **{k: "*fp32" for k in ("Mo", "Lo", "Ao")}, "Tick": "*i32",
+                   **{k: ("fp32" if k in ("scale", "softcap") else "i32") for k in ints},
+                   **{k: "constexpr" for k in ("G", "BLOCK_G", "D", "BLOCK_D", "BS", "BLOCK_N", "HAS_CAP", "HAS_WIN",
+                                               "PREC", "TICKET")}}
+            const = {"G": g, "BLOCK_G": 16, "D": d, "BLOCK_D": d, "BS": 16, "BLOCK_N": bn, "HAS_CAP": cap,
+                     "HAS_WIN": win, "PREC": "ieee" if dt == "fp32" else "tf32", "TICKET": ticket}
+            ok &= compile_one(f"decode_part {dt} D={d} G={g} BLOCK_N={bn} ticket={ticket} cap={cap} win={win}",
+                              ta._decode_part, sig, const, target, num_warps=4)
+        sig = {"Lens": "*i64", **{k: "*fp32" for k in ("Mo", "Lo", "Ao")}, "Out": f"*{dt}",
+               **{k: "i32" for k in ("window", "min_part", "sm_b", "sm_h", "sa_b", "sa_h", "sa_s", "so_b", "so_h",
+                                     "S")},
+               **{k: "constexpr" for k in ("G", "BLOCK_G", "D", "BLOCK_D", "HAS_WIN", "BLOCK_N")}}
+        const = {"G": 4, "BLOCK_G": 16, "D": 128, "BLOCK_D": 128, "HAS_WIN": False, "BLOCK_N": 64}
+        ok &= compile_one(f"decode_merge {dt}", ta._decode_merge, sig, const, target, num_warps=4)
     return 0 if ok else 1
 
 

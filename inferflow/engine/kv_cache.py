@@ -220,8 +220,21 @@ class PagedKVCache:
         return table.to(device)[pos // self.block_size] * self.block_size + pos % self.block_size
 
     # ---- write / read ---------------------------------------------------------------------------
+    def claim_write(self, key: int, slots: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer ``key``'s flat K/V stores [S, Hkv, D] for a kernel that stores ``k`` (and its v) at ``slots`` itself
+        (model/fused_qk_rope.py); the next ``write`` of these very tensors is then skipped. None: write as usual
+        (quantized stores, another device)."""
+        st = self._dev.get(key)
+        if st is None or self.quantized or st.k.device != slots.device or st.k.device != k.device:
+            return None
+        self.__dict__["_claimed"] = (key, slots, k)
+        return st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
+
     def write(self, key: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V [N, Hkv, D] at ``slots`` [N] (on any device; moved to the layer's storage)."""
+        claimed = self.__dict__.pop("_claimed", None)
+        if claimed is not None and claimed[0] == key and claimed[1] is slots and claimed[2] is k:
+            return  # already stored by the kernel that produced k (claim_write)
         st = self._dev[key]
         if slots.device != st.device:
             slots = slots.to(st.device)
@@ -240,8 +253,9 @@ class PagedKVCache:
 
                 if write_kv(kf, vf, slots, k, v):
                     return
-            kf.index_copy_(0, slots, k.to(self.store_dtype))
-            vf.index_copy_(0, slots, v.to(self.store_dtype))
+            sd = self.store_dtype
+            kf.index_copy_(0, slots, k if k.dtype == sd else k.to(sd))
+            vf.index_copy_(0, slots, v if v.dtype == sd else v.to(sd))
 
     def gather_idx(self, key: int, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V at slot indices ``idx`` (any shape S): [*S, Hkv, D] in the compute dtype on ``compute_device``.
@@ -267,6 +281,28 @@ class PagedKVCache:
         elif k.dtype != self.compute_dtype:
             k, v = k.to(self.compute_dtype), v.to(self.compute_dtype)
         return k.view(*idx.shape, *hd), v.view(*idx.shape, *hd)
+
+    @staticmethod
+    def run_start(blocks: Sequence[int] | torch.Tensor, length: int, block_size: int) -> int | None:
+        """The first slot of a sequence whose first ``length`` tokens lie in consecutive blocks (a fresh pool hands
+        a lone sequence such runs), else None. Checked in Python on list tables only (tensors: None)."""
+        if isinstance(blocks, torch.Tensor) or length < 1:
+            return None
+        n = -(-length // block_size)
+        if n > len(blocks):
+            return None
+        b0 = blocks[0]
+        return b0 * block_size if blocks[n - 1] - b0 == n - 1 and all(
+            blocks[i] == b0 + i for i in range(1, n - 1)) else None
+
+    def read_run(self, key: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K, V [length, Hkv, D] of slots ``start .. start+length-1`` as views of the store (no gather), when the
+        store holds them as the compute dtype on the compute device; else None (gather instead)."""
+        st = self._dev[key]
+        if self.quantized or st.k.dtype != self.compute_dtype or st.device != self.compute_device(key):
+            return None
+        hd = st.k.shape[2:]
+        return st.k.view(-1, *hd)[start:start + length], st.v.view(-1, *hd)[start:start + length]
 
     def gather(self, key: int, blocks: Sequence[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's first ``length`` keys and values: [length, Hkv, D] each."""

@@ -1,20 +1,29 @@
-"""Paged-attention decode as one Triton kernel pair (flash-decoding): every query row attends to its
-sequence's keys read straight through its block table, no gather copy.
+"""Paged-attention decode as one Triton kernel (flash-decoding): every query row attends to its sequence's keys
+read straight through its block table, no gather copy.
 
-Grid of the first kernel: (sequence, KV head, split). A program holds the ``G = H / Hkv`` query heads that
-share its KV head (GQA), walks its split's key range ``BLOCK_N`` keys at a time (each key's slot found in the
-block table), and keeps an online softmax (running max ``m``, sum ``l``, unnormalised output). A second kernel
-merges the splits of each (sequence, head). Splits let one long sequence use many SMs at batch 1; the number
-of splits is static per call site (CUDA graphs replay fixed grids), so a split past a sequence's length runs
-no iterations and leaves ``m = -1e30, l = 0``, which the merge weighs as zero.
+Grid: (sequence, KV head, split). A program holds the ``G = H / Hkv`` query heads that share its KV head (GQA: one
+``tl.dot`` for the whole group, so each K/V tile is read once per group), walks its split's keys ``BLOCK_N`` at a
+time (the next tile's block-table entries are loaded while the current tile is used) and keeps an online softmax.
 
-Supports the logit soft-cap and a sliding window (keys ``k_pos > q_pos - window``, ``q_pos = len - 1``);
-additive position biases (ALiBi, relative buckets) stay on the torch path (``paged_backend.py``).
-``paged_decode_reference`` is the same computation in torch (CPU fallback and test oracle).
+Splits: the grid's split count ``S`` is static per call site (CUDA graphs replay fixed grids), chosen from the
+longest context the call may see and from how many (sequence, KV head) programs already fill the GPU (none at
+large batches). Each program then splits ITS sequence's live keys (the window's, when set) by its own length:
+at most ``S`` splits of at least ``min_part`` keys. A sequence that needs one split writes its output directly;
+one that needs several writes partial (max, sum, output) rows, and the last of its programs to finish (an atomic
+ticket per (sequence, KV head)) merges them, so no second kernel runs (``_decode_merge`` stays as the fallback
+while a CUDA graph captures before the ticket buffer exists). Programs past their sequence's split count exit.
+The tickets are one buffer per device: calls on concurrently running streams of one device must not overlap.
+Tiles: 64 keys while the (sequence, KV head) programs are fewer than the SMs, 32 once they fill the GPU.
+
+Supports the logit soft-cap and a sliding window (keys ``k_pos > q_pos - window``, ``q_pos = len - 1``); heads
+smaller than ``tl.dot``'s minimum are padded (masked). Additive position biases (ALiBi, relative buckets) stay on
+the torch path (``paged_backend.py``). ``paged_decode_reference`` is the same computation in torch (CPU fallback
+and test oracle).
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -24,26 +33,89 @@ try:  # Triton is optional: CPU-only installs run the torch path
 except ImportError:  # pragma: no cover - exercised where triton is missing
     triton = None
 
+# launch defaults (H200, Qwen3-8B attention shape: tools/bench_paged_decode.py)
+MIN_PART, MAX_SPLITS, NUM_WARPS = 256, 16, 4
+_tickets: dict[torch.device, torch.Tensor] = {}  # per device: one int32 counter per (sequence, KV head), kept at 0
+_retired: list[torch.Tensor] = []
 
 
 def available(device: torch.device) -> bool:
     """The kernel runs on CUDA tensors, or anywhere under ``TRITON_INTERPRET=1`` (tests)."""
-    import os
-
     return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 if triton is not None:
     @triton.jit
-    def _decode_part(Q, K, V, Tables, Lens, Mo, Lo, Ao, scale, softcap, window, part,
-                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s,
-                     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WIN: tl.constexpr,
-                     PREC: tl.constexpr):
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        s = tl.program_id(2)
-        length = tl.load(Lens + b)
+    def _seq_split(length, window, S, min_part, HAS_WIN: tl.constexpr, BLOCK_N: tl.constexpr):
+        """(first live key, keys per split, split count) of one sequence of ``length`` keys."""
+        lo = 0
+        if HAS_WIN:  # keys at or below q_pos - window are out
+            lo = tl.maximum(length - window, 0)
+        live = length - lo
+        want = tl.maximum(tl.minimum(S, (live + min_part - 1) // min_part), 1)
+        part = ((live + want - 1) // want + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        return lo, part, (live + part - 1) // part
+
+    @triton.jit
+    def _merge_group(Mo, Lo, Ao, Out, b, heads, gmask, offs_d, dmask, nsplit, sm_b, sm_h, sa_b, sa_h, sa_s,
+                     so_b, so_h, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Out rows of ``heads`` from their ``nsplit`` partial rows (written by other programs: read past L1)."""
+        mx = tl.full([BLOCK_G], -1.0e30, tl.float32)
+        for j in range(0, nsplit):
+            mx = tl.maximum(mx, tl.load(Mo + b * sm_b + heads * sm_h + j, mask=gmask, other=-1.0e30,
+                                        cache_modifier=".cg"))
+        den = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for j in range(0, nsplit):
+            w = tl.exp(tl.load(Mo + b * sm_b + heads * sm_h + j, mask=gmask, other=-1.0e30, cache_modifier=".cg")
+                       - mx)
+            den += w * tl.load(Lo + b * sm_b + heads * sm_h + j, mask=gmask, other=0.0, cache_modifier=".cg")
+            a = tl.load(Ao + b * sa_b + heads[:, None] * sa_h + j * sa_s + offs_d[None, :],
+                        mask=gmask[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")
+            acc += a * w[:, None]
+        den = tl.where(den > 0, den, 1.0)
+        tl.store(Out + b * so_b + heads[:, None] * so_h + offs_d[None, :],
+                 (acc / den[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+
+    @triton.jit
+    def _walk(q, K, V, row, kvh, start, end, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d, dmask,
+              BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_CAP: tl.constexpr, PREC: tl.constexpr):
+        """Online softmax (max, sum, unnormalised output) of the G query rows ``q`` over keys [start, end) read
+        through the block-table row ``row``; each next tile's block ids are loaded while the current tile computes.
+        (Measured on an H200: double-buffering the K/V tiles in registers, or loading the first tile before the
+        sequence length arrives, was slower than this plain loop.)"""
+        m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        offs = start + tl.arange(0, BLOCK_N)
+        slot = tl.load(row + offs // BS, mask=offs < end, other=0).to(tl.int64) * BS + offs % BS
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs_n < end
+            kv_mask = nmask[:, None] & dmask[None, :]
+            k = tl.load(K + slot[:, None] * sk_s + kvh * sk_h + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + slot[:, None] * sv_s + kvh * sv_h + offs_d[None, :], mask=kv_mask, other=0.0)
+            nxt = offs_n + BLOCK_N  # the next tile's block ids, fetched while this tile computes
+            slot = tl.load(row + nxt // BS, mask=nxt < end, other=0).to(tl.int64) * BS + nxt % BS
+            qk = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * scale
+            if HAS_CAP:  # tanh(x / c) * c, tanh written with exp (portable to the interpreter)
+                qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
+            qk = tl.where(nmask[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC).to(tl.float32)
+            m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
+    def _split(Q, K, V, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, start, part, length, nsplit, scale, softcap,
+               sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+               G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
+               BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr, TICKET: tl.constexpr):
+        """Split ``s`` of one (sequence, KV head): keys [start, start + part) of its ``length``."""
         offs_g = tl.arange(0, BLOCK_G)
         offs_d = tl.arange(0, BLOCK_D)
         gmask = offs_g < G
@@ -51,95 +123,139 @@ if triton is not None:
         heads = kvh * G + offs_g
         q = tl.load(Q + b * sq_b + heads[:, None] * sq_h + offs_d[None, :], mask=gmask[:, None] & dmask[None, :],
                     other=0.0)
-        m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        start = s * part
-        end = tl.minimum(start + part, length)
-        lo = start
-        if HAS_WIN:  # keys at or below q_pos - window are out: skip whole tiles before the window
-            first = length - window
-            lo = tl.maximum(start, (first // BLOCK_N) * BLOCK_N)
-        for n0 in range(lo, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            nmask = offs_n < end
-            blk = tl.load(Tables + b * st_b + offs_n // BS, mask=nmask, other=0).to(tl.int64)
-            slot = blk * BS + offs_n % BS
-            kv_mask = nmask[:, None] & dmask[None, :]
-            k = tl.load(K + slot[:, None] * sk_s + kvh * sk_h + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + slot[:, None] * sv_s + kvh * sv_h + offs_d[None, :], mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * scale
-            if HAS_CAP:  # tanh(x / c) * c, tanh written with exp (portable to the interpreter)
-                qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
-            keep = nmask
-            if HAS_WIN:
-                keep = keep & (offs_n > length - 1 - window)
-            qk = tl.where(keep[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC).to(tl.float32)
-            m_i = m_new
-        tl.store(Mo + b * sm_b + heads * sm_h + s, m_i, mask=gmask)
-        tl.store(Lo + b * sm_b + heads * sm_h + s, l_i, mask=gmask)
-        tl.store(Ao + b * sa_b + heads[:, None] * sa_h + s * sa_s + offs_d[None, :], acc,
-                 mask=gmask[:, None] & dmask[None, :])
+        m_i, l_i, acc = _walk(q, K, V, Tables + b * st_b, kvh, start, tl.minimum(start + part, length), scale,
+                              softcap, sk_s, sk_h, sv_s, sv_h, offs_d, dmask, BLOCK_G, BLOCK_D, BS, BLOCK_N, HAS_CAP,
+                              PREC)
+        omask = gmask[:, None] & dmask[None, :]
+        if nsplit == 1:  # the whole sequence in this program: the final rows
+            den = tl.where(l_i > 0, l_i, 1.0)
+            tl.store(Out + b * so_b + heads[:, None] * so_h + offs_d[None, :],
+                     (acc / den[:, None]).to(Out.dtype.element_ty), mask=omask)
+        else:
+            tl.store(Mo + b * sm_b + heads * sm_h + s, m_i, mask=gmask)
+            tl.store(Lo + b * sm_b + heads * sm_h + s, l_i, mask=gmask)
+            tl.store(Ao + b * sa_b + heads[:, None] * sa_h + s * sa_s + offs_d[None, :], acc, mask=omask)
+            if TICKET:  # the last program of this (sequence, KV head) merges; it leaves the ticket at 0
+                tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
+                t = Tick + b * tl.num_programs(1) + kvh
+                if tl.atomic_add(t, 1) == nsplit - 1:
+                    _merge_group(Mo, Lo, Ao, Out, b, heads, gmask, offs_d, dmask, nsplit, sm_b, sm_h, sa_b,
+                                 sa_h, sa_s, so_b, so_h, BLOCK_G, BLOCK_D)
+                    tl.atomic_xchg(t, 0)
 
     @triton.jit
-    def _decode_merge(Mo, Lo, Ao, Out, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
-                      S: tl.constexpr, BLOCK_S: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _decode_part(Q, K, V, Tables, Lens, Mo, Lo, Ao, Out, Tick, scale, softcap, window, min_part,
+                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+                     S, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WIN: tl.constexpr,
+                     PREC: tl.constexpr, TICKET: tl.constexpr):
         b = tl.program_id(0)
-        h = tl.program_id(1)
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = tl.arange(0, BLOCK_D)
-        smask = offs_s < S
-        m = tl.load(Mo + b * sm_b + h * sm_h + offs_s, mask=smask, other=-1.0e30)
-        l_ = tl.load(Lo + b * sm_b + h * sm_h + offs_s, mask=smask, other=0.0)
-        a = tl.load(Ao + b * sa_b + h * sa_h + offs_s[:, None] * sa_s + offs_d[None, :],
-                    mask=smask[:, None] & (offs_d[None, :] < D), other=0.0)
-        mx = tl.max(m, 0)
-        w = tl.exp(m - mx)
-        o = tl.sum(a * w[:, None], 0) / tl.sum(l_ * w, 0)
-        tl.store(Out + b * so_b + h * so_h + offs_d, o.to(Out.dtype.element_ty), mask=offs_d < D)
+        kvh = tl.program_id(1)
+        s = tl.program_id(2)
+        length = tl.load(Lens + b).to(tl.int32)
+        first, part, nsplit = _seq_split(length, window, S, min_part, HAS_WIN, BLOCK_N)
+        if s < nsplit:  # programs past this sequence's split count exit at once
+            _split(Q, K, V, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, first + s * part, part, length, nsplit, scale,
+                   softcap, sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+                   G, BLOCK_G, D, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC, TICKET)
+
+    @triton.jit
+    def _decode_merge(Lens, Mo, Lo, Ao, Out, window, min_part, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h, S,
+                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                      HAS_WIN: tl.constexpr, BLOCK_N: tl.constexpr):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        _, _, nsplit = _seq_split(tl.load(Lens + b).to(tl.int32), window, S, min_part, HAS_WIN, BLOCK_N)
+        if nsplit > 1:
+            offs_g = tl.arange(0, BLOCK_G)
+            offs_d = tl.arange(0, BLOCK_D)
+            _merge_group(Mo, Lo, Ao, Out, b, kvh * G + offs_g, offs_g < G, offs_d, offs_d < D, nsplit, sm_b, sm_h,
+                         sa_b, sa_h, sa_s, so_b, so_h, BLOCK_G, BLOCK_D)
 
 
-def num_splits(max_len: int, block_n: int = 64, max_splits: int = 16) -> tuple[int, int]:
-    """(splits, keys per split) for sequences of up to ``max_len`` keys: at most ``max_splits``, each a
-    multiple of ``block_n`` keys and no shorter than 4 tiles (short splits only add merge work)."""
-    part = max(4 * block_n, math.ceil(max_len / max_splits / block_n) * block_n)
-    return max(1, math.ceil(max_len / part)), part
+def _sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the interpreter: small, so tests exercise several splits
+
+
+def grid_splits(max_len: int, programs: int, sms: int, *, min_part: int = MIN_PART,
+                max_splits: int = MAX_SPLITS) -> int:
+    """The grid's split count: enough programs for about two per SM, no more than ``max_len`` (the longest
+    context the call may see) divided into ``min_part``-key parts, at most ``max_splits``."""
+    return max(1, min(max_splits, math.ceil(max_len / min_part), math.ceil(2 * sms / max(programs, 1))))
+
+
+def num_splits(max_len: int, block_n: int = 64, max_splits: int = MAX_SPLITS,
+               min_part: int = MIN_PART) -> tuple[int, int]:
+    """(splits, keys per split) a sequence of ``max_len`` keys gets with up to ``max_splits`` splits (each a
+    multiple of ``block_n`` keys, at least ``min_part``): what the kernel computes per sequence."""
+    want = max(1, min(max_splits, math.ceil(max_len / min_part)))
+    part = math.ceil(math.ceil(max_len / want) / block_n) * block_n
+    return math.ceil(max_len / part), part
+
+
+def _ticket_buffer(device: torch.device, n: int) -> torch.Tensor | None:
+    """Zeroed int32 tickets (the kernel leaves them at 0); made outside a graph capture only (None: merge kernel)."""
+    t = _tickets.get(device)
+    if t is None or t.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if t is not None:  # captured graphs may still use it: never freed (splits need n < 2 x SMs: not seen)
+            _retired.append(t)
+        t = _tickets[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return t
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                  lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None = None,
-                 window: int | None = None, block_n: int = 64) -> torch.Tensor:
+                 window: int | None = None, block_n: int | None = None, min_part: int = MIN_PART,
+                 max_splits: int = MAX_SPLITS, num_warps: int = NUM_WARPS, num_stages: int | None = None,
+                 ticket: bool = True) -> torch.Tensor:
     """q: [B, H, D]; k/v_cache: [num_blocks, block_size, Hkv, D]; tables: [B, W] block ids (int32/int64);
     lens: [B] keys per sequence (>= 1, <= max_len). Returns [B, H, D] in q's dtype.
 
-    ``max_len`` fixes the grid (a bound on ``lens``, not its value), so a captured graph stays valid."""
+    ``max_len`` fixes the grid (a bound on ``lens``, not its value), so a captured graph stays valid.
+    ``ticket=False`` merges multi-split sequences in a second kernel instead of in the last program. ``block_n``
+    None: 64-key tiles while the (sequence, KV head) programs are fewer than the SMs (latency-bound: fewer, larger
+    tiles), 32 once they fill the GPU (bandwidth-bound: smaller tiles let more programs share an SM)."""
     B, H, D = q.shape
     _, bs, hkv, _ = k_cache.shape
     G = H // hkv
-    S, part = num_splits(max_len, block_n)
     dev = q.device
-    m = torch.empty(B, H, S, dtype=torch.float32, device=dev)
-    l_ = torch.empty(B, H, S, dtype=torch.float32, device=dev)
-    a = torch.empty(B, H, S, D, dtype=torch.float32, device=dev)
-    out = torch.empty_like(q)
+    live = min(max_len, window) if window is not None else max_len
+    sms = _sms(dev)
+    if block_n is None:
+        block_n = 32 if B * hkv >= sms else 64
+    S = grid_splits(live, B * hkv, sms, min_part=min_part, max_splits=max_splits)
     q = q.contiguous()
+    out = torch.empty_like(q)
+    if S > 1:
+        m = torch.empty(B, H, S, dtype=torch.float32, device=dev)
+        l_ = torch.empty(B, H, S, dtype=torch.float32, device=dev)
+        a = torch.empty(B, H, S, D, dtype=torch.float32, device=dev)
+    else:  # every sequence runs in one split: no partial rows
+        m = l_ = a = out
+    tick = _ticket_buffer(dev, B * hkv) if S > 1 and ticket else None
     kf, vf = k_cache.view(-1, hkv, D), v_cache.view(-1, hkv, D)
     BLOCK_D = max(16, triton.next_power_of_2(D))  # tl.dot needs K >= 16: small heads are padded (masked)
+    BLOCK_G = max(16, triton.next_power_of_2(G))
+    win = int(window or 0)
+    sa = (a.stride(0), a.stride(1), a.stride(2)) if S > 1 else (0, 0, 0)
+    sm = (m.stride(0), m.stride(1)) if S > 1 else (0, 0)
+    extra = {} if num_stages is None else {"num_stages": num_stages}
     _decode_part[(B, hkv, S)](
-        q, kf, vf, tables, lens, m, l_, a, float(scale), float(softcap or 1.0), int(window or 0), part,
+        q, kf, vf, tables, lens, m, l_, a, out, tick if tick is not None else out, float(scale),
+        float(softcap or 1.0), win, min_part,
         q.stride(0), q.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1), tables.stride(0),
-        m.stride(0), m.stride(1), a.stride(0), a.stride(1), a.stride(2),
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=BLOCK_D, BS=bs, BLOCK_N=block_n,
+        *sm, *sa, out.stride(0), out.stride(1), S,
+        G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BS=bs, BLOCK_N=block_n,
         HAS_CAP=softcap is not None, HAS_WIN=window is not None,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
-    _decode_merge[(B, H)](m, l_, a, out, m.stride(0), m.stride(1), a.stride(0), a.stride(1), a.stride(2),
-                          out.stride(0), out.stride(1), S=S, BLOCK_S=max(2, triton.next_power_of_2(S)), D=D,
-                          BLOCK_D=BLOCK_D, num_warps=4)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", TICKET=tick is not None, num_warps=num_warps, **extra)
+    if S > 1 and tick is None:
+        _decode_merge[(B, hkv)](lens, m, l_, a, out, win, min_part, *sm, *sa, out.stride(0), out.stride(1), S,
+                                G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, HAS_WIN=window is not None,
+                                BLOCK_N=block_n, num_warps=4)
     return out
 
 

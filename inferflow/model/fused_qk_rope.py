@@ -6,6 +6,10 @@ with the torch composition's roundings: the norm's output rounded to the dtype (
 RoPE's products and sum each rounded (as ``fused_ops.rope_half``). Used by attention for CUDA tensors
 (``INFERFLOW_FUSE_QK_ROPE=force``: CPU tensors too, for tests under ``TRITON_INTERPRET=1``); ``=0`` turns it off;
 a kernel failure warns once and leaves the separate ops in charge for good.
+
+In the static decode step (CUDA graphs) the same launch also stores the roped k and the v heads at their paged-cache
+slots (the cache's ``claim_write``), which saves the cache write's own kernel per layer (triton_kv_write.py);
+``INFERFLOW_FUSE_KV_WRITE=0`` keeps that write separate.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 ENV = "INFERFLOW_FUSE_QK_ROPE"
+KV_ENV = "INFERFLOW_FUSE_KV_WRITE"  # =0: the cache write stays a kernel of its own (triton_kv_write.py)
 _state = {"ok": triton is not None}
 
 
@@ -31,53 +36,89 @@ def wanted(x: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, HALF: tl.constexpr,
-                      WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+    def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, SLOTS, KC, VC, HALF: tl.constexpr,
+                      WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr, WRITE_KV: tl.constexpr):
         r = tl.program_id(0)
-        n = r // (H + HKV)
-        h = r % (H + HKV)  # q heads then k heads: head h starts at h * D in the q|k|v row
-        is_q = h < H
+        if WRITE_KV:  # q heads, k heads, then v heads (each copied to its cache slot)
+            n = r // (H + 2 * HKV)
+            h = r % (H + 2 * HKV)
+        else:
+            n = r // (H + HKV)
+            h = r % (H + HKV)  # q heads then k heads: head h starts at h * D in the q|k|v row
         i = tl.arange(0, HALF)
         base = QKV + n * sx + h * 2 * HALF
-        x1 = tl.load(base + i).to(tl.float32)
-        x2 = tl.load(base + HALF + i).to(tl.float32)
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-        w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
-        dt = QO.dtype.element_ty
-        if HAS_OFFSET:
-            w1 = w1 + offset
-            w2 = w2 + offset
-        if WEIGHT_IN_FLOAT:
-            y1 = (x1 * rstd * w1).to(dt).to(tl.float32)
-            y2 = (x2 * rstd * w2).to(dt).to(tl.float32)
-        else:  # torch: w.to(dtype) * h.to(dtype)
+        if h < H + HKV:
+            is_q = h < H
+            x1 = tl.load(base + i).to(tl.float32)
+            x2 = tl.load(base + HALF + i).to(tl.float32)
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+            w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
+            w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
+            dt = QO.dtype.element_ty
             if HAS_OFFSET:
-                w1 = w1.to(dt).to(tl.float32)
-                w2 = w2.to(dt).to(tl.float32)
-            y1 = (w1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            y2 = (w2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        c1 = tl.load(C + n * sc + i).to(tl.float32)
-        c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
-        s1 = tl.load(S + n * sc + i).to(tl.float32)
-        s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
-        o1 = ((y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
-        qrow = tl.minimum(h, H - 1)
-        krow = tl.maximum(h - H, 0)
-        qo = QO + (n * H + qrow) * 2 * HALF
-        ko = KO + (n * HKV + krow) * 2 * HALF
-        qm = i < tl.where(is_q, HALF, 0)  # all-true for a q head, all-false for a k head
-        km = i < tl.where(is_q, 0, HALF)
-        tl.store(qo + i, o1, mask=qm)
-        tl.store(qo + HALF + i, o2, mask=qm)
-        tl.store(ko + i, o1, mask=km)
-        tl.store(ko + HALF + i, o2, mask=km)
+                w1 = w1 + offset
+                w2 = w2 + offset
+            if WEIGHT_IN_FLOAT:
+                y1 = (x1 * rstd * w1).to(dt).to(tl.float32)
+                y2 = (x2 * rstd * w2).to(dt).to(tl.float32)
+            else:  # torch: w.to(dtype) * h.to(dtype)
+                if HAS_OFFSET:
+                    w1 = w1.to(dt).to(tl.float32)
+                    w2 = w2.to(dt).to(tl.float32)
+                y1 = (w1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+                y2 = (w2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            c1 = tl.load(C + n * sc + i).to(tl.float32)
+            c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
+            s1 = tl.load(S + n * sc + i).to(tl.float32)
+            s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
+            o1 = ((y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)).to(dt)
+            o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
+            qrow = tl.minimum(h, H - 1)
+            krow = tl.maximum(h - H, 0)
+            qo = QO + (n * H + qrow) * 2 * HALF
+            ko = KO + (n * HKV + krow) * 2 * HALF
+            qm = i < tl.where(is_q, HALF, 0)  # all-true for a q head, all-false for a k head
+            km = i < tl.where(is_q, 0, HALF)
+            tl.store(qo + i, o1, mask=qm)
+            tl.store(qo + HALF + i, o2, mask=qm)
+            tl.store(ko + i, o1, mask=km)
+            tl.store(ko + HALF + i, o2, mask=km)
+            if WRITE_KV:  # the roped k head into its cache slot too (same value, cast as the cache write does)
+                kc = KC + (tl.load(SLOTS + n).to(tl.int64) * HKV + krow) * 2 * HALF
+                tl.store(kc + i, o1.to(KC.dtype.element_ty), mask=km)
+                tl.store(kc + HALF + i, o2.to(KC.dtype.element_ty), mask=km)
+        else:
+            vc = VC + (tl.load(SLOTS + n).to(tl.int64) * HKV + (h - H - HKV)) * 2 * HALF
+            tl.store(vc + i, tl.load(base + i).to(VC.dtype.element_ty))
+            tl.store(vc + HALF + i, tl.load(base + HALF + i).to(VC.dtype.element_ty))
 
 
-def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(slots, flat K store, flat V store) when this step's backend is one whose ``cache`` and per-row ``slots``
+    take the new K/V as they are (the static decode step, static_decode.py), claimed from the cache (the
+    backend's own write of ``ko`` is then skipped); None: the backend writes K/V itself."""
+    be = ctx.backend
+    cache, slots, key = getattr(be, "cache", None), getattr(be, "slots", None), getattr(attn, "cache_key", None)
+    if (os.environ.get(KV_ENV, "1") == "0" or key is None or not hasattr(cache, "claim_write")
+            or not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.shape[0] != ko.shape[0]
+            or not cache.has_layer(key)):
+        return None
+    stores = cache.claim_write(key, slots, ko)
+    if stores is None:
+        return None
+    kf, vf = stores
+    if not (kf.is_contiguous() and vf.is_contiguous() and kf.shape[1:] == ko.shape[1:] and vf.shape == kf.shape
+            and kf.is_floating_point() and vf.dtype == kf.dtype):
+        cache.__dict__.pop("_claimed", None)
+        return None
+    return slots, kf, vf
+
+
+def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
+              v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """q [N, H, D] and k [N, Hkv, D], normalized per head and rotated, from the q and k parts of a fused q|k|v
-    output; None when the pattern does not hold (the caller runs the separate ops)."""
+    output; None when the pattern does not hold (the caller runs the separate ops). With ``v`` (the row's v part)
+    and a backend whose cache takes them (``_cache_target``), k and v are also stored in the paged cache."""
     pos = ctx.position if getattr(attn, "use_position", False) else None
     qn, kn, d, h, hkv = attn.q_norm, attn.k_norm, attn.d, attn.h, attn.hkv
     if (pos is None or getattr(pos, "style", None) != "half" or getattr(pos, "dim", None) != d
@@ -95,12 +136,20 @@ def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any) -> tuple[to
     N = q.shape[0]
     qo = torch.empty((N, h, d), dtype=q.dtype, device=q.device)
     ko = torch.empty((N, hkv, d), dtype=q.dtype, device=q.device)
+    target = None
+    if (v is not None and N and v.dim() == 2 and v.shape[1] == hkv * d and v.stride() == k.stride()
+            and v.data_ptr() == k.data_ptr() + k.shape[1] * k.element_size()):  # v right after k in each row
+        target = _cache_target(attn, ctx, ko)
     if N:
+        slots, kf, vf = target if target is not None else (ko, ko, ko)  # unused pointers when not writing
         try:
-            _qk_norm_rope[(N * (h + hkv),)](q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0),
-                                            h, hkv, float(qn.eps), float(qn.offset), HALF=d // 2,
-                                            WEIGHT_IN_FLOAT=bool(qn.weight_in_float), HAS_OFFSET=bool(qn.offset))
+            _qk_norm_rope[(N * (h + hkv + (hkv if target is not None else 0)),)](
+                q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0), h, hkv, float(qn.eps),
+                float(qn.offset), slots, kf, vf, HALF=d // 2, WEIGHT_IN_FLOAT=bool(qn.weight_in_float),
+                HAS_OFFSET=bool(qn.offset), WRITE_KV=target is not None)
         except Exception as e:  # noqa: BLE001 - any compile/launch failure: the separate ops from now on
+            if target is not None:
+                ctx.backend.cache.__dict__.pop("_claimed", None)
             _state["ok"] = False
             warnings.warn(f"fused q/k norm + RoPE kernel failed ({type(e).__name__}: {e}); using the separate ops "
                           f"(set {ENV}=0 to skip it)", RuntimeWarning, stacklevel=2)
