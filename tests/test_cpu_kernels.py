@@ -198,7 +198,9 @@ def test_default_model_q8_0_table_on_int4_planes(monkeypatch):
     fast, ref = inferflow.load(path), inferflow.load(path, quant_kernels="reference")
     head = [m for n, m in fast.net.named_modules() if (getattr(m, "packed", None) or {}).get("weight", (0, (0,)))[1][0]
             == int(t.shape[1]) and hasattr(m, "kernels")]
-    assert head and head[0].kernels["weight"] == "q8_0"  # logits stay exact (cpu_kernels.Q8_INT4_MAX_N)
+    # logits stay exact (cpu_kernels.Q8_INT4_MAX_N): the head held decoded in float32, bit-identical weights
+    assert head and head[0].kernels["weight"] == "dense"
+    assert torch.equal(head[0].weight_dense[:rows], w)
     emb = fast.net.decoder.embed.embed_tokens
     assert emb.weight_blocks.dtype == torch.uint8  # lookups decode exact rows
     ids = torch.tensor([5, 900, 17, 4242])

@@ -37,7 +37,8 @@ def _kind(p) -> str:
 def test_repack_keeps_bits_and_is_cached(weights, name):
     p = weights[name]
     codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
-    assert codes.nbytes + scales.nbytes == p.data.nbytes  # 4.5 / 8.5 bits per weight, as the blocks
+    pad = 1 if name == "q8_0" else 256 / 96  # 4-bit rows are padded to whole 256-column groups
+    assert codes.nbytes + scales.nbytes == p.data.nbytes * pad  # 4.5 / 8.5 bits per weight, as the blocks
     assert triton_soa.soa(p.data, _kind(p), p.shape)[0] is codes  # repacked once per blocks tensor
     w = triton_soa.dequantize(codes, scales, triton_kernels._scale_table(torch.device("cpu")), _kind(p), p.shape,
                               torch.float32, True)
@@ -45,7 +46,7 @@ def test_repack_keeps_bits_and_is_cached(weights, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("m", [1, 2, 3, 16, 17, 40])
+@pytest.mark.parametrize("m", [1, 2, 3, 17])  # q8_0: FMA GEMV, tl.dot GEMV, decode + cuBLAS; 4-bit: 2 FMA, GEMM
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_matmul_matches_torch(weights, name, m, dtype):
     p = weights[name]
@@ -58,7 +59,7 @@ def test_matmul_matches_torch(weights, name, m, dtype):
     assert (y.float() - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ["q8_0"])
 def test_elementwise_accumulation_variant(weights, name):
     """The GEMV's other autotune variant (BLOCKSUM=False: one reduction after the loop; no prefetch), 2 rows."""
     from inferflow.quant import triton_gemv
@@ -85,11 +86,55 @@ def test_cache_follows_the_blocks_tensor(weights):
     assert key not in triton_soa._cache
 
 
-def test_prefill_in_row_chunks(weights, monkeypatch):
-    """A weight above DEQUANT_MAX_ELEMS (a vocabulary head) is decoded and multiplied in row chunks."""
-    p = weights["q4_0"]
+@pytest.mark.parametrize("name", ["q4_0", "q8_0"])
+def test_prefill_in_row_chunks(weights, monkeypatch, name):
+    """A weight above DEQUANT_MAX_ELEMS (a vocabulary head) is decoded and multiplied in row chunks (4-bit: past
+    GEMM_MAX_ROWS rows, here lowered to 8)."""
+    p = weights[name]
     monkeypatch.setattr(triton_soa, "DEQUANT_MAX_ELEMS", 20 * K)  # 45 rows: chunks of 20, 20, 5
+    monkeypatch.setattr(triton_soa, "GEMM_MAX_ROWS", 8)
     x, bias = torch.randn(19, K, generator=torch.Generator().manual_seed(9)), torch.randn(N)
     y = triton_kernels.matmul(x, p.data, p.qtype, p.shape, bias)
     ref = F.linear(x, p.dequantize(), bias)
+    assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("name", ["q4", "q4_0"])
+@pytest.mark.parametrize("split,prefetch,m", [(3, True, 1), (2, False, 2)])
+def test_gemv4_split_k(name, split, prefetch, m):
+    """The 4-bit GEMV's split-K variant (partials summed by the tile's last program, counters reset after) over
+    K = 1024 (4 groups: splits of 2, 2, 0 groups) with odd N, twice: the counters are reusable."""
+    from inferflow.quant import triton_q4
+
+    n, k = 21, 1024
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(3))
+    p = formats.quantize(w, name)
+    codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
+    ws, cnt = triton_soa._split_buffers(torch.device("cpu"))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
+    ref = F.linear(x, p.dequantize())
+    for _ in range(2):
+        y = torch.empty(m, n)
+        triton_q4.gemv4.fn[(3, split)](x, codes, scales, triton_kernels._scale_table(torch.device("cpu")), y, y, ws,
+                                       cnt, n, k, codes.shape[1], x.stride(0), y.stride(0), HAS_BIAS=False,
+                                       KIND=triton_soa._CODE[_kind(p)], MP=m, BLOCK_N=8, BG=1, PREFETCH=prefetch,
+                                       SPLIT=split)
+        assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+        assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("name", ["q4", "q4_0"])
+def test_gemm4_slab_variant(name):
+    """The 4-bit GEMM's other autotune variant (WHOLE=False: one dot per nibble slab), 2 groups a step, K tail."""
+    from inferflow.quant import triton_q4_gemm as triton_q4
+
+    n, k, m = 21, 800, 5
+    p = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(5)), name)
+    codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(6))
+    y = torch.empty(m, n)
+    triton_q4.gemm4.fn[(2, 1)](x, codes, scales, triton_kernels._scale_table(torch.device("cpu")), y, y, m, n, k,
+                               codes.shape[1], x.stride(0), y.stride(0), 8, HAS_BIAS=False,
+                               KIND=triton_soa._CODE[_kind(p)], IEEE=True, BLOCK_M=16, BLOCK_N=16, BG=2, WHOLE=False)
+    ref = F.linear(x, p.dequantize())
     assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()

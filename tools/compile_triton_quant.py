@@ -33,6 +33,11 @@ def resources(cubin: bytes) -> str:
     return f"regs {m.group(1)} shared {m.group(2)} local(spill) {m.group(3)}" if m else "(no resource info)"
 
 
+def sig_k(sig: dict) -> int:
+    """Position just after "K" in a signature dict."""
+    return list(sig).index("K") + 1
+
+
 def main() -> int:
     target = target_from_args(__doc__)
     if target is None:
@@ -40,28 +45,53 @@ def main() -> int:
     from triton.runtime.jit import JITFunction
 
     from inferflow.quant import triton_gemv as tg
+    from inferflow.quant import triton_q4 as t4
+    from inferflow.quant import triton_q4_gemm as t4g
 
     ok = True
     div16 = [["tt.divisibility", 16]]
     for kname, (kind, qt, st) in KINDS.items():
         for act in ("bf16", "fp32"):
-            jobs = [(tg.gemv_fma, c, {"MP": mp}) for c in tg.gemv_fma.configs for mp in (1, 2)]
-            jobs += [(tg.gemv_dot, c, {"IEEE": act == "fp32"}) for c in tg.gemv_dot.configs]
-            jobs += [(tg.dequant, None, {})]
+            if kind == 1:  # q8_0: the int8 layout's kernels
+                jobs = [(tg.gemv_fma, c, {"MP": mp}) for c in tg.gemv_fma.configs for mp in (1, 2)]
+                jobs += [(tg.gemv_dot, c, {"IEEE": act == "fp32"}) for c in tg.gemv_dot.configs]
+                jobs += [(tg.dequant, None, {})]
+            else:  # 4-bit: the interleaved layout's kernels (EVEN: K a multiple of the tile's columns)
+                jobs = [(t4.gemv4, c, {"MP": mp, "EVEN": True}) for c in t4.gemv4.configs for mp in (1, 2)]
+                jobs += [(t4g.gemm4, c, {"IEEE": act == "fp32", "EVEN": True}) for c in t4g.gemm4.configs]
+                jobs += [(t4g.dequant4, None, {})]
             for kern, cfg, extra in jobs:
-                fn = kern if isinstance(kern, JITFunction) else kern.fn  # an Autotuner wraps one
+                fn = kern
+                while not isinstance(fn, JITFunction):  # an Autotuner (and Heuristics) wrap one
+                    fn = fn.fn
                 if fn.__name__ == "dequant":
                     sig = {"q_ptr": qt, "s_ptr": st, "tab_ptr": "*fp32", "w_ptr": f"*{act}", "N": "i32", "K": "i32"}
                     const = {"KIND": kind, "BLOCK_N": 32, "BLOCK_K": 256}
                     warps, stages = 4, 1
+                elif fn.__name__ == "dequant4":
+                    sig = {"q_ptr": qt, "s_ptr": st, "tab_ptr": "*fp32", "w_ptr": f"*{act}", "N": "i32", "K": "i32",
+                           "KW": "i32"}
+                    const = {"KIND": kind, "BLOCK_N": 32, "BG": 2}
+                    warps, stages = 4, 1
                 else:
                     sig = {"x_ptr": f"*{act}", "q_ptr": qt, "s_ptr": st, "tab_ptr": "*fp32", "b_ptr": f"*{act}",
                            "y_ptr": f"*{act}", "M": "i32", "N": "i32", "K": "i32", "sxm": "i32", "sym": "i32"}
+                    if fn.__name__ == "gemv4":  # no M; split-K partials and counters after y
+                        del sig["M"]
+                        at = list(sig).index("y_ptr") + 1
+                        sig = {**{n: sig[n] for n in list(sig)[:at]}, "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+                               **{n: sig[n] for n in list(sig)[at:]}}
+                    if fn.__name__ in ("gemv4", "gemm4"):  # + KW (words per row) after K; gemm4: + MB
+                        sig = {**{n: sig[n] for n in list(sig)[:sig_k(sig)]}, "KW": "i32",
+                               **{n: sig[n] for n in list(sig)[sig_k(sig):]}}
+                        if fn.__name__ == "gemm4":
+                            sig["MB"] = "i32"
                     const = {"HAS_BIAS": True, "KIND": kind, **extra, **cfg.kwargs}
                     warps, stages = cfg.num_warps, cfg.num_stages
                 for c in const:
                     sig[c] = "constexpr"
-                attrs = {(fn.arg_names.index(n),): div16 for n in sig if sig[n] != "constexpr" and n not in ("M",)}
+                attrs = {(fn.arg_names.index(n),): div16 for n in sig
+                         if sig[n] != "constexpr" and n not in ("M", "MB")}
                 desc = f"{kname:5s} {act:4s} {fn.__name__:8s} {str(const):70s} w{warps} s{stages}"
                 ok &= compile_one(desc, fn, sig, const, target, attrs, lambda k: resources(k.asm["cubin"]),
                                   num_warps=warps, num_stages=stages)

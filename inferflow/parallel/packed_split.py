@@ -49,7 +49,7 @@ def rehold(module: nn.Module, name: str, t: PackedTensor, linear: bool, kernels:
     from ..quant.cpu_kernels import hold_linear, using
     from ..quant.packed import hold
 
-    for suffix in ("_blocks", "_int4", "_int4_sz"):
+    for suffix in ("_blocks", "_int4", "_int4_sz", "_dense"):
         module._buffers.pop(f"{name}{suffix}", None)
     module.register_parameter(name, nn.Parameter(torch.empty(0), requires_grad=False))  # what hold() replaces
     if linear:

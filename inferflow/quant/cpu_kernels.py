@@ -4,10 +4,16 @@ Two kernel sets, picked once per model at load time:
 
 - ``"fast"`` (the default). Q4_0 / Q4_1 / Q4_K weights on a CPU are repacked at load into torch's int4
   weight-only kernel (:mod:`.int4pack`: bf16 compute, within bf16 tolerance of the exact product; the ggml blocks
-  are dropped, 5 bits per weight stay). Batches above :data:`INT4_MAX_ROWS` rows (prefill) dequantize that
-  packing chunk by chunk into bf16 and use bf16 GEMMs instead, where the kernel's per-row cost exceeds one
-  decode of the weight (same bf16 tolerance). Q8_0 runs the int4 kernel as two nibble planes (int4pack.py, 10
-  bits per weight) except vocab-sized heads (:data:`Q8_INT4_MAX_N`) and refused shapes: those keep their blocks
+  are dropped, 5 bits per weight stay). Batches above :data:`INT4_MAX_ROWS` rows (prefill) decode that
+  packing once per call, transposed, into a reused bf16 buffer (int4pack.dequantize_t) and run one bf16 GEMM
+  instead, where the kernel's per-row cost exceeds one decode of the weight (same bf16 tolerance; 2-2.5x the
+  kernel at 128 rows). A decode step's calls (M = 1) go straight to the kernel: one bf16 cast in, one float cast
+  out. Q8_0 runs the int4 kernel as two nibble planes (int4pack.py, 10 bits per weight) except vocab-sized
+  heads (:data:`Q8_INT4_MAX_N`, logits: exactness kept the greedy answer) and refused shapes. Vocab heads up to
+  :data:`DENSE_MAX_ELEMS` are decoded once at load into float32 ("dense": bit-identical weights, one GEMV per
+  step, 2.0-2.2x the chunked decoder below at the default model's 49152 x 576 head; the exact alternatives
+  measured slower: int8 codes with per-block partial sums through ``torch._int_mm`` or ``_weight_int8pack_mm``
+  per block; no CPU op takes bf16 codes into float32 outputs). Larger heads and refused shapes keep their blocks
   and are decoded exactly (bit-identical weights) in cache-sized row chunks, int8 -> float32 times the block
   scale, into a reused buffer read straight from the blocks (no repack), each chunk multiplied at once into a
   preallocated output: 1.4-2x the reference. Every other type (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K,
@@ -44,10 +50,11 @@ MODES = ("fast", "reference")
 ENV = "INFERFLOW_QUANT_KERNELS"
 _selected: contextvars.ContextVar[str | None] = contextvars.ContextVar("quant_kernels", default=None)
 
-# Rows up to which the int4 kernel beats one dequantization of the weight into bf16 GEMMs (the kernel's cost
-# grows per row; measured crossover between 96 and 128 rows at N, K = 576..1536 on a 2-core AVX-512 VM with one
-# thread, section 2 of tools/bench_quant_linear.py).
-INT4_MAX_ROWS = 96
+# Rows up to which the int4 kernel beats decoding its weight once per call into bf16 W^T + one bf16 GEMM (the
+# kernel's cost grows per row, the decode's does not: 3 default-model layers of linears, 1 thread, 2-core AVX-512
+# VM, /tmp bench as tools/bench_quant_linear.py section 2: kernel/decode 0.66 at M = 32, 1.04 at 48, 1.25 at 64,
+# 2-2.5 at 128; the earlier row-major decode crossed only at 96-128).
+INT4_MAX_ROWS = 48
 # Chunked paths decode about this many weights at a time: the float chunk (1 MiB in float32) stays in L2 between
 # its decode and its matmul (Q8_0 vocab head: 2^17..2^18 beat 2^15, 2^16, 2^19 and the reference's 2^20).
 CHUNK_ELEMS = 1 << 18
@@ -55,6 +62,9 @@ CHUNK_ELEMS = 1 << 18
 # instead of the int4 planes: the kernel's bf16 OUTPUT rounds logits near 25 to steps of 0.125, which tied and
 # flipped the default model's greedy answer (tests/test_default_model.py "Paris"; the exact head keeps it).
 Q8_INT4_MAX_N = 16384
+# Such vocab-sized Q8_0 weights up to this many elements (512 MiB in float32) are held decoded in float32 (kernel
+# "dense"): exact, and the fastest exact form measured (see the module doc); larger ones keep the chunked decoder.
+DENSE_MAX_ELEMS = 1 << 27
 
 
 _prefer_triton: contextvars.ContextVar[bool] = contextvars.ContextVar("prefer_triton", default=False)
@@ -103,8 +113,15 @@ def hold_linear(module: torch.nn.Module, name: str, t: PackedTensor) -> None:
         hold(module, name, t)  # blocks stay as they are: the Triton kernels read them (quant/triton_kernels.py)
         module.kernels = {**(getattr(module, "kernels", None) or {}), name: "triton"}
         return
-    if kind == "fast" and t.device.type == "cpu" and int4pack.supports(t.qtype, t.shape) and \
-            not (t.qtype == ggml.Q8_0 and t.shape[0] >= Q8_INT4_MAX_N):
+    vocab = t.qtype == ggml.Q8_0 and t.dim() == 2 and t.shape[0] >= Q8_INT4_MAX_N
+    if kind == "fast" and t.device.type == "cpu" and vocab and t.shape[0] * t.shape[1] <= DENSE_MAX_ELEMS:
+        # the exact logits: the float32 weight, decoded once (bit-identical to the reference's decode)
+        del module._parameters[name]
+        module.register_buffer(f"{name}_dense", ggml.dequantize(t.data, t.qtype, t.shape, torch.float32),
+                               persistent=False)
+        module.packed = {**(getattr(module, "packed", None) or {}), name: (t.qtype, t.shape)}
+        kind = "dense"
+    elif kind == "fast" and t.device.type == "cpu" and int4pack.supports(t.qtype, t.shape) and not vocab:
         del module._parameters[name]
         # q5/q6/Q8_0: parts (bit planes) whose sum is the weight, packed side by side along K (int4pack.pack)
         packed, sz = int4pack.pack(t.data, int4pack.parts_of(t.qtype), t.shape)
@@ -123,6 +140,29 @@ def hold_linear(module: torch.nn.Module, name: str, t: PackedTensor) -> None:
 def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for a weight held by :func:`hold_linear`."""
     kind = (getattr(module, "kernels", None) or {}).get(name, "reference")
+    if kind == "int4" and x.device.type == "cpu":
+        # the hot path (a decode step runs ~200 of these): only the ops the kernel needs, no dispatch layers
+        bufs = module._buffers  # the dict itself: nn.Module.__getattr__ costs ~1 us a lookup, 2x per call
+        packed, sz = bufs[name + "_int4"], bufs[name + "_int4_sz"]
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        m, k = x2.shape
+        parts = packed.shape[1] * 2 // k  # parts side by side along K: x repeated that often sums them in one call
+        if m <= INT4_MAX_ROWS or not int4pack.can_unpack():
+            xb = x2.to(torch.bfloat16).contiguous()
+            if parts > 1:
+                xb = xb.repeat(1, parts)
+            y = _INT4_MM(xb, packed, xb.shape[1] // sz.shape[0], sz).to(x.dtype)
+        else:
+            y = _large_m(x2, packed, sz, parts)
+        if bias is not None:
+            y = y + bias
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+    if kind == "dense":
+        w = module._buffers[name + "_dense"]
+        if x.dtype == torch.float32:
+            return F.linear(x, w, bias)
+        y = F.linear(x.float(), w)  # float32 product (exact weights), then the activation dtype
+        return (y if bias is None else y + bias.float()).to(x.dtype)
     if kind == "triton":
         blocks = getattr(module, f"{name}_blocks")
         if x.device == blocks.device and (x.device.type == "cuda" or triton_kernels.interpreted()) and \
@@ -137,14 +177,11 @@ def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tens
         return packed_linear(module, name, x, bias)
     qtype, shape = module.packed[name]
     x2 = x.reshape(-1, shape[1])
-    if kind == "int4":
+    if kind == "int4":  # off the CPU: the bf16 dequantization, chunk by chunk
         packed, sz = getattr(module, f"{name}_int4"), getattr(module, f"{name}_int4_sz")
-        n = len(int4pack.parts_of(qtype))  # parts side by side along K: x repeated n times sums them in one call
+        n = len(int4pack.parts_of(qtype))
         xk = x2 if n == 1 else x2.repeat(1, n)
-        if x.device.type == "cpu" and (x2.shape[0] <= INT4_MAX_ROWS or not int4pack.can_unpack()):
-            y = int4pack.matmul(xk, packed, sz)
-        else:
-            y = int4pack.matmul_dequantized(xk, packed, sz, (shape[0], n * shape[1]), CHUNK_ELEMS)
+        y = int4pack.matmul_dequantized(xk, packed, sz, (shape[0], n * shape[1]), CHUNK_ELEMS)
     elif kind == "buffer":
         y = F.linear(x2, _decoded(getattr(module, f"{name}_blocks"), qtype, shape, x.dtype))
     else:
@@ -152,6 +189,28 @@ def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tens
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], shape[0])
+
+
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default if int4pack.available() else None
+_tlocal = threading.local()  # one reused bf16 [K, N] buffer per thread for the large-M path
+
+
+def _large_m(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, parts: int) -> torch.Tensor:
+    """``x2 @ W^T`` for many rows (prefill): W^T decoded once per call into a reused bf16 buffer
+    (int4pack.dequantize_t), then one bf16 GEMM; where the layout has no transposed decoder, the older
+    chunked decode (int4pack.matmul_dequantized)."""
+    rows, cols = packed.shape[0], packed.shape[1] * 2
+    xb = x2.to(torch.bfloat16)
+    if parts > 1:
+        xb = xb.repeat(1, parts)
+    if not int4pack.can_transpose(rows):
+        return int4pack.matmul_dequantized(xb, packed, sz, (rows, cols), CHUNK_ELEMS).to(x2.dtype)
+    buf = getattr(_tlocal, "buf", None)
+    if buf is None or buf.numel() < rows * cols:
+        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode alike
+            buf = _tlocal.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
+    wt = int4pack.dequantize_t(packed, sz, (rows, cols), buf[:rows * cols].view(cols, rows))
+    return torch.mm(xb.contiguous(), wt).to(x2.dtype)
 
 
 def _chunked(x2: torch.Tensor, shape: tuple[int, int], decode) -> torch.Tensor:
@@ -220,3 +279,4 @@ def _q8_0_decoder(blocks: torch.Tensor, shape: tuple[int, int], dtype: torch.dty
         return w if dtype == torch.float32 else w.to(dtype)
 
     return decode
+

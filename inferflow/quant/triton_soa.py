@@ -3,18 +3,22 @@
 The on-disk blocks (quant/triton_kernels.py's table: 18 or 34 bytes, not 4-byte aligned) make a GPU gather single
 bytes. At first use each weight is repacked once, with the same bits per weight:
 
-    codes   q4 (q4c, q4_0): int32 [N, K / 8], code of column 8 * w + i at bits 4 * i of word w
+    codes   q4 (q4c, q4_0): int32 [N, KP / 8], KP = K padded to whole groups of 256 columns (8 blocks); nibble i
+            (bits 4i..4i+3) of word j of group g is column 256 g + 32 i + j: nibble i of a group's 32 words is
+            block 8 g + i (quant/triton_q4.py decodes a nibble slab per scale, without shuffles)
             q8_0:           int8  [N, K]
-    scales  [N, K / 32], 16 bits per block: fp16 d (q8_0, q4_0), or q4c's header bytes as one int16
-            (low byte: log-scale index c, high byte: zero zc)
+    scales  [N, KP / 32] (q8_0: K / 32), 16 bits per block: fp16 d (q8_0, q4_0), or q4c's header bytes as one
+            int16 (low byte: log-scale index c, high byte: zero zc); padding blocks are zero
 
-4 + 16/32 = 4.5 and 8 + 16/32 = 8.5 bits per weight, as the blocks. The cache is keyed by the blocks tensor (its
-data pointer, shape, type) and holds a weak reference to it: the repacking is freed with the blocks, and a new
-tensor reusing a freed address is repacked afresh. The blocks stay held (state dicts, moves off the GPU and the
-bit-exact reference path read them), so a weight on this path holds both forms on the GPU.
+4 + 16/32 = 4.5 and 8 + 16/32 = 8.5 bits per weight, as the blocks (plus the padding when K % 256 != 0). The cache
+is keyed by the blocks tensor (its data pointer, shape, type) and holds a weak reference to it: the repacking is
+freed with the blocks, and a new tensor reusing a freed address is repacked afresh. The blocks stay held (state
+dicts, moves off the GPU and the bit-exact reference path read them), so a weight on this path holds both forms.
 
-Rows up to :data:`GEMV_MAX_ROWS` run a GEMV kernel that reads the weight once for all rows; more rows (prefill)
-decode the weight into a reused per-thread buffer of the activations' dtype and run one cuBLAS matmul.
+4-bit weights: up to :data:`FMA_MAX_ROWS` activation rows run the float32 FMA GEMV (triton_q4.gemv4), up to
+:data:`GEMM_MAX_ROWS` the dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4: no decoded copy), more rows (long
+prefills) decode the weight into a reused per-thread buffer and run one cuBLAS matmul. q8_0: GEMV kernels
+(triton_gemv.py) up to :data:`GEMV_MAX_ROWS`, the decode + cuBLAS path above.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import weakref
 import torch
 
 GEMV_MAX_ROWS = 16
+GEMM_MAX_ROWS = 256         # 4-bit: the fused tl.dot GEMM up to here; above, decode + cuBLAS (compute-bound sizes)
 FMA_MAX_ROWS = 2            # up to here: float32 FMA GEMV; above: tl.dot with rows padded to 16
 DEQUANT_TILE = (32, 256)    # (BLOCK_N, BLOCK_K) of the dequantization kernel
 DEQUANT_MAX_ELEMS = 1 << 26  # prefill decodes at most this many weights at once (a vocabulary head: row chunks)
@@ -43,9 +48,14 @@ def repack(blocks: torch.Tensor, kind: str, shape: tuple[int, int]) -> tuple[tor
     if kind == "q8_0":
         return b[:, :, 2:].contiguous().view(torch.int8).reshape(n, k), scales
     nib = b[:, :, 2:]  # [N, G, 16]: code j at byte j % 16, bits 4 * (j // 16)
-    codes = torch.cat([nib & 15, nib >> 4], dim=-1).reshape(n, k // 2, 2)  # [N, K/2, 2] in column order
-    packed = (codes[..., 0] | (codes[..., 1] << 4)).contiguous()  # uint8 [N, K/2]: two columns a byte
-    return packed.view(torch.int32), scales  # little-endian: column 8w + i at bits 4i of word w
+    codes = torch.cat([nib & 15, nib >> 4], dim=-1)  # [N, G, 32] in column order
+    gp = -(-g // 8) * 8  # whole groups of 8 blocks; zero codes and scales pad the last one
+    if gp != g:
+        codes = torch.cat([codes, codes.new_zeros(n, gp - g, 32)], dim=1)
+        scales = torch.cat([scales, scales.new_zeros(n, gp - g)], dim=1)
+    c = codes.reshape(n, gp // 8, 8, 32).transpose(2, 3)  # [N, groups, word j, nibble i]
+    packed = (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous()  # byte b of a word: nibbles 2b, 2b + 1
+    return packed.view(torch.int32).reshape(n, gp * 4), scales.contiguous()  # little-endian: nibble i at bits 4i
 
 
 def soa(blocks: torch.Tensor, kind: str, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +102,13 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kin
     n, k = shape
     # the interpreter has no bf16/fp16 stores worth trusting: it decodes to float32 and torch casts
     out = _weight_buffer(shape, torch.float32 if interpreted else dtype, codes.device)
+    if kind != "q8_0":
+        from . import triton_q4_gemm as triton_q4
+
+        bn, bg = (32, 2) if not interpreted else (16, 1)
+        grid = (triton_cdiv(n, bn), triton_cdiv(codes.shape[1] // 32, bg))
+        triton_q4.dequant4[grid](codes, scales, tab, out, n, k, codes.shape[1], KIND=_CODE[kind], BLOCK_N=bn, BG=bg)
+        return out if out.dtype == dtype else out.to(dtype)
     bn, bk = DEQUANT_TILE if not interpreted else (16, 64)
     grid = (triton_cdiv(n, bn), triton_cdiv(k, bk))
     tg.dequant[grid](codes, scales, tab, out, n, k, KIND=_CODE[kind], BLOCK_N=bn, BLOCK_K=bk)
@@ -110,6 +127,8 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
     n, k = shape
     m = x2.shape[0]
     codes, scales = soa(blocks, kind, shape)
+    if kind != "q8_0" and m <= GEMM_MAX_ROWS:
+        return _matmul4(x2, codes, scales, tab, kind, shape, bias, interpreted)
     if m > GEMV_MAX_ROWS:
         rows = max(1, min(n, DEQUANT_MAX_ELEMS // k))
         if rows < n:  # a vocabulary-sized weight: row chunks, each decoded into the buffer and used at once
@@ -132,3 +151,45 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
         tg.gemv_dot[grid](x2, codes, scales, tab, b, y, m, n, k, x2.stride(0), y.stride(0),
                           HAS_BIAS=bias is not None, KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
     return y
+
+
+def _matmul4(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str,
+             shape: tuple[int, int], bias: torch.Tensor | None, interpreted: bool) -> torch.Tensor:
+    """4-bit weights, up to GEMM_MAX_ROWS rows: the FMA GEMV or the dequant-fused tl.dot GEMM (triton_q4*.py)."""
+    from . import triton_q4 as t4
+    from . import triton_q4_gemm as t4g
+
+    n, k = shape
+    m, kw = x2.shape[0], codes.shape[1]
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    b = bias if bias is not None else y  # any pointer: unused without HAS_BIAS
+    if m == 0:
+        return y
+    if m <= FMA_MAX_ROWS:
+        ws, cnt = _split_buffers(x2.device)
+        t4.gemv4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT"])](
+            x2, codes, scales, tab, b, y, ws, cnt, n, k, kw, x2.stride(0), y.stride(0), HAS_BIAS=bias is not None,
+            KIND=_CODE[kind], MP=m)
+        return y
+    mb = 1 << (m - 1).bit_length()  # the autotune key: rows rounded up to a power of two
+    t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](
+        x2, codes, scales, tab, b, y, m, n, k, kw, x2.stride(0), y.stride(0), mb, HAS_BIAS=bias is not None,
+        KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
+    return y
+
+
+_split: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _split_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K GEMV's float32 partial sums and per-tile counters (zero between calls: the kernel resets them)
+    for this device and stream: kernels on one stream run one after another, so they can share them."""
+    from . import triton_q4 as t4
+
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    if key not in _split:
+        with torch.inference_mode(False):
+            _split[key] = (torch.empty(t4.SPLIT_MAX * 2 * t4.SPLIT_MAX_N, dtype=torch.float32, device=device),
+                           torch.zeros(t4.SPLIT_MAX_N, dtype=torch.int32, device=device))
+    return _split[key]
