@@ -71,8 +71,10 @@ class Attention(Component):
 
     def fusable_projections(self):
         """q/k/v read the same input: one fused GEMM after loading (inferflow/model/fuse.py)."""
-        rows = [getattr(getattr(self, n, None), "weight", None) for n in ("q_proj", "k_proj", "v_proj")]
-        if self.fused or self.cross or [getattr(w, "shape", (0,))[0] for w in rows] != [self.qd, self.kvd, self.kvd]:
+        from inferflow.model.fuse import out_rows  # float or block-quantized weights alike
+
+        rows = [out_rows(getattr(self, n, None)) for n in ("q_proj", "k_proj", "v_proj")]
+        if self.fused or self.cross or rows != [self.qd, self.kvd, self.kvd]:
             return []
         return [("qkv_proj", ["q_proj", "k_proj", "v_proj"], lambda _: setattr(self, "fused", True))]
 
@@ -97,7 +99,15 @@ class Attention(Component):
             out = ctx.backend.cross_attention(self.cache_key, q, kv, ctx, scale=self.scale, softcap=self.softcap)
             return self.o_proj(out.reshape(n, self.qd))
         if self.fused:
-            q, k, v = self.qkv_proj(x).split([self.qd, self.kvd, self.kvd], dim=-1)
+            qkv = self.qkv_proj(x)
+            pos = ctx.position if self.use_position else None
+            if self.q_norm is None and self.clip_qkv is None and hasattr(pos, "rotate_heads"):
+                # q and k heads are adjacent in the fused output: rotate them as one [N, H + Hkv, D] tensor
+                qk = pos.rotate_heads(qkv[:, :self.qd + self.kvd].view(n, self.h + self.hkv, self.d), ctx)
+                if qk is not None:
+                    return self._attend(qk[:, :self.h], qk[:, self.h:], qkv[:, self.qd + self.kvd:].view(
+                        n, self.hkv, self.d), ctx, pos)
+            q, k, v = qkv.split([self.qd, self.kvd, self.kvd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.clip_qkv is not None:
@@ -109,19 +119,20 @@ class Attention(Component):
             from inferflow.model import fused_qk_rope
 
             if fused_qk_rope.wanted(q):
-                qk = fused_qk_rope.norm_rope(self, q, k, ctx)
+                qk = fused_qk_rope.norm_rope(self, q, k, ctx, v)  # v: stored in the cache too, where it can be
         if qk is None:
             q, k = self._norm(self.q_norm, q, self.h), self._norm(self.k_norm, k, self.hkv)
         else:
             q, k = qk
         v = v.view(n, self.hkv, self.d)
-        bias_fn = None
         pos = ctx.position if self.use_position else None
-        if pos is not None:
-            if hasattr(pos, "rotate") and qk is None:
-                q, k = pos.rotate(q, k, ctx)
-            if hasattr(pos, "bias_fn"):
-                bias_fn = pos.bias_fn(ctx, self.causal)
+        if pos is not None and hasattr(pos, "rotate") and qk is None:
+            q, k = pos.rotate(q, k, ctx)
+        return self._attend(q, k, v, ctx, pos)
+
+    def _attend(self, q, k, v, ctx, pos):
+        """Attention of rotated q [N, H, D] over k, v [N, Hkv, D] (stored by the backend), through o_proj."""
+        bias_fn = pos.bias_fn(ctx, self.causal) if pos is not None and hasattr(pos, "bias_fn") else None
         out = ctx.backend.self_attention(self.cache_key, q, k, v, ctx, causal=self.causal, scale=self.scale,
                                          window=self.window, softcap=self.softcap, bias_fn=bias_fn)
-        return self.o_proj(out.reshape(n, self.qd))
+        return self.o_proj(out.reshape(q.shape[0], self.qd))

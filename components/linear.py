@@ -40,6 +40,11 @@ class Linear(Component):
     def forward(self, x, ctx=None):
         if self.packed is not None:
             return packed_linear(self, "weight", x, self.bias)
+        pk = self.__dict__.get("cpu_packed")  # (weight, oneDNN-packed copy): inferflow/model/cpu_prepack.py
+        if pk is not None and x.dim() == 2 and x.shape[0] > 1 and pk[0] is self._parameters["weight"] \
+                and x.dtype == pk[1].dtype and x.device.type == "cpu":
+            # several rows: oneDNN's GEMM without re-laying the weight out at every call (bf16: the same bits)
+            return torch.ops.mkldnn._linear_pointwise(x, pk[1], self.bias, "none", [None], "")
         if x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
             # one row (a batch-1 decode step): torch's bf16 GEMM path costs ~1.5-2.5x the bf16 GEMV on x86 CPUs
             # (SmolLM2-135M shapes, 1 thread); float32 / float16 gain nothing from this, so they keep F.linear

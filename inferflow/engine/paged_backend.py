@@ -67,7 +67,7 @@ class PagedAttentionBackend(AttentionBackend):
         if len(self.block_tables) != len(ctx.q_lens):
             raise InferflowError(f"paged attention: {len(self.block_tables)} block tables for {len(ctx.q_lens)} sequences")
         dec = [i for i, n in enumerate(ctx.q_lens) if n == 1]
-        if len(dec) < 2:
+        if len(dec) < 2 and len(ctx.q_lens) > 1:  # a lone decode among prefills: its own call (no padding)
             dec = []
         seqs, starts, start, in_dec = [], [], 0, set(dec)
         for i, (ql, kl) in enumerate(zip(ctx.q_lens, ctx.k_lens)):
@@ -101,6 +101,8 @@ class PagedAttentionBackend(AttentionBackend):
             rows = tables if p.pure else tables.index_select(0, torch.tensor(p.dec, device=tables.device))
         else:
             rows = [tables[i] for i in p.dec]
+        if len(p.dec) == 1:  # a lone decode whose blocks are consecutive reads its K/V as views (no gather)
+            p.memo["dec_run"] = self.cache.run_start(rows[0], lens[0], self.cache.block_size)
         idx, mask = self.cache.slot_index(rows, lens, dev)
         p.memo.update({("dec_idx", None): idx, ("dec_mask", None): mask,
                        ("dec_qpos", None): torch.tensor(lens).to(dev) - 1,
@@ -150,9 +152,19 @@ class PagedAttentionBackend(AttentionBackend):
     def _decode(self, key: int, p: _Plan, q: torch.Tensor, sdev: torch.device, cdev: torch.device, causal: bool,
                 scale: float, window: int | None, softcap: float | None, bias_fn: BiasFn | None) -> torch.Tensor:
         """One gather + one attention call for all decode rows; q: [Bd, H, D] -> [Bd, H, D]."""
-        k, v = self.cache.gather_idx(key, self._dec(p, "dec_idx", sdev))
+        self._dec_base(p)
+        start = p.memo.get("dec_run")
+        kv = None if start is None else self.cache.read_run(key, start, p.lmax)
+        if kv is not None:  # the same values and strides as the gather's, read in place
+            k, v = kv[0][None], kv[1][None]
+        else:
+            k, v = self.cache.gather_idx(key, self._dec(p, "dec_idx", sdev))
         k, v = k.transpose(1, 2), v.transpose(1, 2)   # [Bd, Hkv, Lmax, D]
         mask = self._dec(p, "dec_mask", cdev) if p.ragged else None
+        if mask is not None and window is None and bias_fn is None and softcap is None:
+            # SDPA turns a bool mask into a float bias in every layer: build that bias once per forward instead
+            mask = self._on(p, ("dec_bias", q.dtype), cdev, lambda: torch.zeros(
+                mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(~mask, float("-inf")))
         if window is not None:  # keys with q_pos - k_pos < window only
             memo = p.memo
             mask = self._on(p, ("dec_win", window), cdev, lambda: memo[("dec_mask", None)] & (

@@ -42,7 +42,8 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
     """Attention of one or more equal-shaped sequences.
 
     q: [B, H, Tq, D]; k, v: [B, Hkv, Tk, D]; the queries sit at key indices ``q_start .. q_start+Tq-1``.
-    bias: [H, Tq, Tk] or [B, H, Tq, Tk] added to the scaled scores; key_mask: [B, Tk] bool (True = keep).
+    bias: [H, Tq, Tk] or [B, H, Tq, Tk] added to the scaled scores; key_mask: [B, Tk] bool (True = keep), or
+    float (0 = keep, -inf = drop: a decode batch's mask built once per forward, as SDPA would per call).
     """
     tq, tk = q.shape[-2], k.shape[-2]
     mask = None
@@ -56,6 +57,8 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
             mask = mask & (qi - ki < window)
     if key_mask is not None:
         km = key_mask[:, None, None, :]
+        if km.dtype != torch.bool and (mask is not None or softcap is not None or bias is not None):
+            km = km == 0  # a float mask that must combine with others: back to bool
         mask = km if mask is None else mask[None, None] & km
     if softcap is not None or (bias is not None and q.shape[1] != k.shape[1]):
         if k.shape[1] != q.shape[1]:
