@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gguf_files import random_blocks
-from inferflow.quant import PackedTensor, cpu_kernels, ggml, int4pack
+from test_cpu_kernels import held_linear
+from inferflow.quant import cpu_kernels, int4pack
 from inferflow.registry import create
 
 Q = gguf.GGMLQuantizationType
@@ -15,13 +15,7 @@ BF16_TOL = 1.5e-2  # as tests/test_cpu_kernels.py: bf16 activations, scales and 
 
 
 def held(qtype, rows: int, cols: int, kernels: str = "fast", bias: bool = False):
-    blocks = random_blocks(qtype, rows, cols, int(qtype))
-    lin = create("linear", {"in_features": cols, "out_features": rows, "bias": bias})
-    if bias:
-        lin.bias = torch.nn.Parameter(torch.randn(rows), requires_grad=False)
-    with cpu_kernels.using(kernels):
-        assert lin.load_packed("weight", PackedTensor(blocks, int(qtype), (rows, cols)), torch.float32)
-    return lin, ggml.dequantize(blocks, int(qtype), (rows, cols))
+    return held_linear(qtype, rows, cols, kernels, bias, seed=int(qtype))
 
 
 def rel_err(y, ref) -> float:

@@ -27,11 +27,7 @@ def max_model_len(model: Any, config: EngineConfig) -> int:
     """Prompt + output cap: the config's, else the model's position limit, else a large default."""
     if config.max_model_len:
         return int(config.max_model_len)
-    for name in CONTEXT_PARAMS:
-        value = model.params.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return DEFAULT_MAX_MODEL_LEN
+    return _param(model, CONTEXT_PARAMS, DEFAULT_MAX_MODEL_LEN)
 
 
 def kv_dtype(model: Any, config: EngineConfig) -> str:
@@ -42,6 +38,7 @@ def kv_dtype(model: Any, config: EngineConfig) -> str:
 
 
 def _param(model: Any, names: tuple[str, ...], default: int) -> int:
+    """The first of ``names`` the model's hyper-parameters give as a positive integer, else ``default``."""
     for name in names:
         value = model.params.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
