@@ -217,7 +217,7 @@ def test_qk_norm_rope_writes_kv_cache(interp, store):
     # no slots on the backend (a prefill or the dense path): no cache write, same q/k
     ctx.backend = SimpleNamespace(cache=cache)
     qo2, ko2 = fused_qk_rope.norm_rope(attn, q, k, ctx, v)
-    assert torch.equal(qo, qo2) and torch.equal(ko, ko2) and "_claimed" not in cache.__dict__
+    assert torch.equal(qo, qo2) and torch.equal(ko, ko2) and cache._claimed is None
 
 
 def test_engine_static_decode_fused_kv_write_same_tokens(interp, tmp_path, monkeypatch):

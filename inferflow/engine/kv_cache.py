@@ -121,6 +121,7 @@ class PagedKVCache:
         self.host_pool = BlockPool(num_host_blocks, block_size, enable_caching=False)
         self._dev: dict[int, _Store] = {}
         self._host: dict[int, _Store] = {}
+        self._claimed: tuple | None = None  # (key, slots, k) of a write a kernel did itself (claim_write)
         for layer in self.layers:
             on_host = layer.key in self.host_layers
             self._dev[layer.key] = _Store.new(layer, num_blocks, block_size, self.store_dtype,
@@ -227,12 +228,16 @@ class PagedKVCache:
         st = self._dev.get(key)
         if st is None or self.quantized or st.k.device != slots.device or st.k.device != k.device:
             return None
-        self.__dict__["_claimed"] = (key, slots, k)
+        self._claimed = (key, slots, k)
         return st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
+
+    def release_claim(self) -> None:
+        """Forget a ``claim_write`` whose kernel did not run: the next ``write`` stores as usual."""
+        self._claimed = None
 
     def write(self, key: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V [N, Hkv, D] at ``slots`` [N] (on any device; moved to the layer's storage)."""
-        claimed = self.__dict__.pop("_claimed", None)
+        claimed, self._claimed = self._claimed, None
         if claimed is not None and claimed[0] == key and claimed[1] is slots and claimed[2] is k:
             return  # already stored by the kernel that produced k (claim_write)
         st = self._dev[key]

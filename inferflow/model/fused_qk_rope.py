@@ -109,7 +109,7 @@ def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, 
     kf, vf = stores
     if not (kf.is_contiguous() and vf.is_contiguous() and kf.shape[1:] == ko.shape[1:] and vf.shape == kf.shape
             and kf.is_floating_point() and vf.dtype == kf.dtype):
-        cache.__dict__.pop("_claimed", None)
+        cache.release_claim()
         return None
     return slots, kf, vf
 
@@ -149,7 +149,7 @@ def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
                 HAS_OFFSET=bool(qn.offset), WRITE_KV=target is not None)
         except Exception as e:  # noqa: BLE001 - any compile/launch failure: the separate ops from now on
             if target is not None:
-                ctx.backend.cache.__dict__.pop("_claimed", None)
+                ctx.backend.cache.release_claim()
             _state["ok"] = False
             warnings.warn(f"fused q/k norm + RoPE kernel failed ({type(e).__name__}: {e}); using the separate ops "
                           f"(set {ENV}=0 to skip it)", RuntimeWarning, stacklevel=2)
