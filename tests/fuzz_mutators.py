@@ -97,26 +97,19 @@ EVIL_VALUES: list[Any] = [None, True, -1, 0, 1 << 62, -(1 << 62), 1 << 64, 1.5, 
 
 
 def _walk(doc: Any, rng: random.Random, depth: int = 0) -> Any:
-    """Replace, delete or duplicate one randomly chosen node of a JSON/YAML document."""
-    if isinstance(doc, dict) and doc and depth < 12 and rng.random() < 0.75:
-        k = rng.choice(list(doc))
+    """Replace, delete or add one randomly chosen node of a JSON/YAML document (a dict gets a hostile key, a list
+    a duplicated item)."""
+    if isinstance(doc, (dict, list)) and doc and depth < 12 and rng.random() < 0.75:
+        k = rng.choice(list(doc)) if isinstance(doc, dict) else rng.randrange(len(doc))
         r = rng.random()
         if r < 0.1:
             del doc[k]
-        elif r < 0.15:
+        elif r < 0.15 and isinstance(doc, dict):
             doc[rng.choice(["extends", "__metadata__", "zz", k + "x"])] = rng.choice(EVIL_VALUES)
+        elif r < 0.15:
+            doc.append(doc[k])
         else:
             doc[k] = _walk(doc[k], rng, depth + 1)
-        return doc
-    if isinstance(doc, list) and doc and depth < 12 and rng.random() < 0.75:
-        i = rng.randrange(len(doc))
-        r = rng.random()
-        if r < 0.1:
-            del doc[i]
-        elif r < 0.15:
-            doc.append(doc[i])
-        else:
-            doc[i] = _walk(doc[i], rng, depth + 1)
         return doc
     return rng.choice(EVIL_VALUES)
 
