@@ -27,7 +27,6 @@ import datetime  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -40,152 +39,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from random_spec_model import SHAPES, build_model  # noqa: E402  (tools/: the script's folder)
-
-
-def parse_placement(name: str):
-    if name == "single":
-        return None
-    m = re.fullmatch(r"(?:tp(\d+))?(?:pp(\d+))?(?:mb(\d+))?", name)
-    if not m or not any(m.groups()[:2]):
-        raise SystemExit(f"bench_parallel: --placement {name!r}: use single, tpN, ppN, tpNppM (+ mbK: K micro-batches)")
-    out = {}
-    if m.group(1):
-        out["tensor_parallel"] = int(m.group(1))
-    if m.group(2):
-        out["pipeline_parallel"] = int(m.group(2))
-    if m.group(3):
-        out["micro_batches"] = int(m.group(3))
-    return out
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def engine_options(a, pipeline: bool) -> dict:
-    """EngineConfig switches that exist in this build: CUDA graphs (never for a pipeline: its stage hand-offs read
-    shapes on the host) and fused projections."""
-    from dataclasses import fields
-
-    from inferflow.engine import EngineConfig
-
-    have = {f.name for f in fields(EngineConfig)}
-    out = {}
-    if "cuda_graphs" in have:
-        out["cuda_graphs"] = a.cuda_graphs == "on" and not pipeline
-    if "fuse_projections" in have and a.fuse != "auto":
-        out["fuse_projections"] = a.fuse == "on"
-    return out
-
-
-def make_engine(model, a, pipeline: bool = False):
-    from inferflow.engine import Engine, EngineConfig
-
-    need = max(a.decode_batch * (a.decode_prompt + a.decode_tokens + 2), a.prefill_batch * (a.prefill_len + 2))
-    blocks = need // 16 + 16
-    return Engine(model, EngineConfig(block_size=16, num_blocks=blocks, max_num_seqs=max(a.decode_batch, 1),
-                                      max_num_batched_tokens=max(a.prefill_len, a.decode_batch * 2, 2048),
-                                      enable_prefix_caching=False, max_model_len=a.prefill_len + a.decode_tokens + 8,
-                                      **engine_options(a, pipeline)))
-
-
-def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n, length), generator=g).tolist()
-
-
-def _timed(engine, prompts, max_tokens: int, device, sink: list | None = None) -> float:
-    from inferflow.engine import SamplingParams
-
-    _sync(device)
-    t0 = time.perf_counter()
-    outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    _sync(device)
-    bad = [o.error for o in outs if getattr(o, "error", None)]
-    if bad:  # the engine fails requests instead of raising: a timing of failures would be meaningless
-        raise RuntimeError(f"engine request failed: {bad[0]}")
-    if sink is not None:
-        sink.extend(o.outputs[0].token_ids for o in outs)
-    return time.perf_counter() - t0
-
-
-def speeds(engine, a, vocab: int, device, rep: int, tokens: list | None = None) -> dict[str, float]:
-    """tok/s: prefill (prefill_batch prompts of prefill_len, one token out), decode at batch 1 and decode_batch
-    (decode time = generate(1 + D) - generate(1), fresh prompts each time: prefix caching is off anyway)."""
-    out = {}
-    pre = _prompts(a.prefill_batch, a.prefill_len, vocab, 100 + rep)
-    out["prefill"] = a.prefill_batch * a.prefill_len / _timed(engine, pre, 1, device)
-    for b in (1, a.decode_batch):
-        ps = _prompts(b, a.decode_prompt, vocab, 200 + rep + b)
-        t1 = _timed(engine, ps, 1, device)
-        t2 = _timed(engine, ps, 1 + a.decode_tokens, device, tokens if b == a.decode_batch else None)
-        out[f"decode_b{b}"] = b * a.decode_tokens / max(t2 - t1, 1e-9)
-    return out
-
-
-def agreement(base, part, a, vocab: int) -> dict:
-    """Logits on a ragged batch (relative max |diff|, argmax agreement) and greedy tokens."""
-    seqs = [s[:n] for s, n in zip(_prompts(4, 96, vocab, 7), (17, 96, 40, 63))]
-    ref, got = base.logits(seqs).float(), part.logits(seqs).float()
-    mask = torch.zeros(ref.shape[:2], dtype=torch.bool, device=ref.device)
-    for i, s in enumerate(seqs):
-        mask[i, :len(s)] = True
-    ref, got = ref[mask], got.to(ref.device)[mask]
-    rel = ((ref - got).abs().max() / ref.abs().max()).item()
-    argmax = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-    prompt = seqs[1][:32]
-    want = base.generate_ids(prompt, max_new_tokens=a.greedy_tokens, stop_ids=set())
-    have = part.generate_ids(prompt, max_new_tokens=a.greedy_tokens, stop_ids=set())
-    res = {"logits_rel_diff": rel, "argmax_agree": argmax, "logits_ok": rel <= a.tol,
-           "greedy_same": want == have, "greedy_first_diff": None, "greedy_near_tie": None}
-    if want != have:
-        k = next(i for i, (x, y) in enumerate(zip(want, have)) if x != y)
-        row = base.logits(prompt + want[:k]).float()[-1]
-        gap = (row[want[k]] - row[have[k]]).item() / row.std().item()
-        res["greedy_first_diff"], res["greedy_near_tie"] = k, gap <= a.tie
-    return res
-
-
-def load_check(a, names: list[str], device: torch.device, dtype: torch.dtype) -> dict:
-    """Sharding while loading on this device: ``load_parallel`` of a real model folder against ``inferflow.load``
-    (logits; the device memory the shard load peaked at, as a fraction of the whole model's bytes)."""
-    import inferflow
-    from inferflow.parallel.apply import load_parallel
-
-    whole = inferflow.load(a.load_check, dtype=dtype, device=device)
-    nbytes = sum(t.numel() * t.element_size() for t in [*whole.net.parameters(), *whole.net.buffers()])
-    vocab = int(whole.params.get("vocab_size") or 100)
-    seqs = [s[:n] for s, n in zip(_prompts(2, 48, vocab, 11), (48, 29))]
-    ref = whole.logits(seqs).float()
-    out = {}
-    for name in names:
-        cfg = parse_placement(name)
-        if cfg is None:
-            continue
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        part = load_parallel(a.load_check, cfg, dtype=dtype, device=device)
-        peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else 0
-        got = part.logits(seqs).float().to(ref.device)
-        mask = torch.zeros(ref.shape[:2], dtype=torch.bool, device=ref.device)
-        for i, sq in enumerate(seqs):
-            mask[i, :len(sq)] = True
-        rel = ((ref[mask] - got[mask]).abs().max() / ref[mask].abs().max()).item()
-        out[name] = {"logits_rel_diff": rel, "logits_ok": rel <= a.tol, "whole_gib": round(nbytes / 2**30, 3),
-                     "shard_load_peak_gib": round(peak / 2**30, 3), "peak_fraction": round(peak / nbytes, 3)}
-        del part
-    del whole
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return out
+# the parts (engine runs, correctness checks), their names re-exported here
+from bench_parallel_checks import agreement, load_check  # noqa: E402
+from bench_parallel_runs import engine_options, make_engine, parse_placement, speeds  # noqa: E402,F401
 
 
 def run(a) -> dict:

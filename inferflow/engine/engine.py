@@ -1,6 +1,8 @@
 """The engine: the one place requests run. Requests come in at any time; each ``step()`` runs one forward pass
 over the scheduler's batch (or one encoder batch of embedding requests), samples, detokenizes, checks stops and
 streams the deltas to the requests' handles. ``start()`` runs the steps on a background thread.
+The request API (``add_request``, ``abort``, ``generate``) is a mixin (request_api.py), as is the background
+thread (background.py).
 """
 from __future__ import annotations
 
@@ -12,14 +14,12 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from ..errors import InferflowError
 from ..model.placement import place_embeddings
 from .background import BackgroundStepping
 from .beam import BeamSearch
 from .config import EngineConfig
 from .embedding import EmbeddingQueue
 from .fill_mask import FillMaskOutput
-from .handle import RequestHandle
 from .intake import RequestIntake
 from .metrics import EngineCounters, render_prometheus, snapshot
 from .model_runner import ModelRunner
@@ -28,18 +28,14 @@ from .overlap import OverlapDecode
 from .postprocess import changed, close_text, delta_output, take_token
 from .profiling import StepProfiler
 from .request import Request, RequestStatus, Sequence
+from .request_api import Overloaded, RequestAPI  # noqa: F401 - Overloaded: re-exported (its home was here)
 from .sampler import Sampler
-from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sizing import build_cache, max_model_len
 from .speculative import Speculator, prepare_draft
 
 
-class Overloaded(InferflowError):
-    """The waiting queue is full: the request was refused (retry later)."""
-
-
-class Engine(BackgroundStepping):
+class Engine(RequestAPI, BackgroundStepping):
     def __init__(self, model: Any, config: EngineConfig | None = None, draft: Any = None):
         """``draft``: a speculative-decoding draft Model (else ``config.speculative_model`` names one, or none)."""
         self.model, self.config = model, config or EngineConfig()
@@ -73,55 +69,6 @@ class Engine(BackgroundStepping):
         self._stopping = False
         self.failure: str | None = None        # why the background thread died (None while it runs or never ran)
         self._ids = itertools.count()
-
-    # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, encoder_prompt: str | Seq[int] | None = None,
-                    cache_salt: str | None = None) -> RequestHandle:
-        """Queue a request (thread-safe). Bad input fails the request (finish_reason "error"), not the call;
-        a full waiting queue raises ``Overloaded``."""
-        params = params or SamplingParams()
-        rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
-        req = self.intake.request(rid, prompt, params, encoder_prompt, cache_salt)
-        with self._lock:
-            if rid in self._requests:
-                raise InferflowError(f"request id {rid!r} is already in use")
-            waiting = len(self._inbox) + len(self.scheduler.waiting)
-            if waiting >= self.config.max_waiting:
-                self.counters.requests_rejected += 1
-                raise Overloaded(f"engine overloaded: {waiting} requests are waiting (max_waiting = "
-                                 f"{self.config.max_waiting}); retry later")
-            self._requests[rid] = req
-            self._inbox.append(req)
-        self._wake.set()
-        return RequestHandle(self, req)
-
-    def abort(self, request_id: str) -> None:
-        """Cancel a request (thread-safe): its blocks are freed, its handle gets a final "abort" output."""
-        if self._step_lock.acquire(blocking=False):
-            try:
-                self._abort_now(request_id)
-            finally:
-                self._step_lock.release()
-        else:  # a step is running: apply at the start of the next one
-            with self._lock:
-                self._aborts.append(request_id)
-            self._wake.set()
-
-    def _abort_now(self, request_id: str) -> None:
-        with self._lock:
-            req = self._requests.get(request_id)
-            if req is None:
-                return
-            if req in self._inbox:
-                self._inbox.remove(req)
-        req.aborted = True
-        for seq in req.unfinished_seqs:
-            self._finish(seq, "abort")
-        self._emit(req)
-
-    def has_unfinished(self) -> bool:
-        return bool(self._requests) or self.embeddings.pending()
 
     @property
     def background(self) -> bool:
@@ -305,22 +252,6 @@ class Engine(BackgroundStepping):
         c.last_step_tokens = tokens
 
     # ---- conveniences ---------------------------------------------------------------------------
-    def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
-                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run prompts to completion (a flat list of ints is one prompt); outputs in prompt order."""
-        if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        handles = []
-        for prompt, p in zip(prompts, plist):
-            while True:
-                try:
-                    handles.append(self.add_request(prompt, p))
-                    break
-                except Overloaded:  # pace ourselves: let the queue drain
-                    self._wait_a_step()
-        return [h.result() for h in handles]
-
     def embed(self, texts: str | Seq[str] | Seq[Seq[int]]) -> torch.Tensor:
         """Pooled embeddings [n, hidden] float32, computed by encoder batches of the engine."""
         return self.embeddings.embed(texts)
@@ -330,12 +261,6 @@ class Engine(BackgroundStepping):
         """Masked-LM scores (encoder-only models with an MLM head), computed by encoder batches of the engine:
         per input, the ``top_k`` (rank, token, id, score) at each mask position (fill_mask.py)."""
         return self.embeddings.fill_mask(texts, top_k, mask_token_id)
-
-    def _wait_a_step(self) -> None:
-        if self.background:
-            time.sleep(0.005)
-        else:
-            self.step()
 
     def metrics(self) -> dict[str, Any]:
         m = snapshot(self.counters, self.scheduler)

@@ -12,135 +12,23 @@ or on its row position; unseeded rows share the sampler's generator (or torch's 
 
 The sampler mutates the per-sequence state it is given: ``mirostat_mu``, ``eos_bypassed`` and the FSD n-gram
 model; the engine appends the returned token to ``output_ids``.
+
+The parts: per-sequence state, the noise and the device transfer of per-row settings in sampling_state.py; the
+truncation samplers in truncation.py; the logit processors in logits_processors.py; this file picks the tokens.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from .guided.constraint import pick_guided
 from .logits_processors import NEG_INF, NGramPenalty, apply_processors
 from .sampling_params import SamplingParams
-
-GREEDY_BELOW = 1e-5  # temperatures under this are greedy (dividing by them overflows nothing, but means nothing)
-
-
-@dataclass(slots=True)
-class SeqSampling:
-    """Mutable per-sequence sampling state the engine keeps with a sequence."""
-
-    params: SamplingParams
-    prompt_ids: list[int]
-    output_ids: list[int]
-    generator: torch.Generator | None
-    mirostat_mu: float | None = None        # mirostat v2's running surprise cap; starts at 2 * tau
-    eos_bypassed: int = 0                   # EOS tokens replaced so far (eos_bypass_max)
-    fsd_ngram: NGramPenalty | None = None   # FSD's n-gram model, updated incrementally
-    guide: Any = None                       # guided decoding: the sequence's Guide (guided/constraint.py)
-
-    @classmethod
-    def create(cls, params: SamplingParams, prompt_ids: list[int], device: str | torch.device = "cpu",
-               index: int = 0) -> "SeqSampling":
-        """Fresh state; a seeded request gets its own generator (on ``device``, where its noise is drawn), seeded
-        ``seed + index`` so the n parallel samples of one request differ (vLLM's rule for n > 1)."""
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(int(params.seed) + index)
-        return cls(params, list(prompt_ids), [], gen)
-
-
-@dataclass(slots=True)
-class SampleOutput:
-    tokens: list[int]
-    logprobs: list[float] | None                          # raw-logit logprob of each chosen token
-    top_logprobs: list[list[tuple[int, float]]] | None    # per row, its top-N (N = params.logprobs)
-
-
-def _index(values: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """A small host list on ``device`` without a host sync (a pageable copy waits for the stream: an overlapped
-    step queued behind would stall the host)."""
-    t = torch.tensor(values, dtype=dtype)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
-def _col(values: list[float], device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return _index(values, device, dtype)[:, None]
-
-
-def top_k_filter(s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Top-k (Fan et al. 2018): keep the k most probable tokens. ``s`` sorted descending; ``k`` [n, 1] (V: off)."""
-    return s.masked_fill(torch.arange(s.shape[1], device=s.device) >= k, NEG_INF)
-
-
-def top_p_filter(s: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Nucleus (Holtzman et al. 2020): keep the smallest prefix of the sorted tokens whose mass is >= p, i.e.
-    drop a token once the mass before it already reaches p (the top token always stays). ``top_p`` [n, 1]."""
-    probs = torch.softmax(s, -1)
-    before = torch.cat([torch.zeros_like(probs[:, :1]), probs.cumsum(-1)[:, :-1]], 1)
-    return s.masked_fill((before >= top_p) & (top_p < 1.0), NEG_INF)
-
-
-def min_p_filter(s: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Min-p (Nguyen et al. 2024): keep tokens with ``p >= min_p * p_max`` (``s`` sorted: p_max is column 0)."""
-    probs = torch.softmax(s, -1)
-    return s.masked_fill(probs < min_p * probs[:, :1], NEG_INF)
-
-
-def typical_filter(s: torch.Tensor, typical_p: torch.Tensor) -> torch.Tensor:
-    """Locally typical sampling (Meier et al. 2022): rank tokens by ``|-log p - H|`` (H the entropy) and keep the
-    smallest set, in that order, whose mass is >= typical_p.
-
-    No second sort: along the descending-probability order ``R = -log p - H`` is non-decreasing, so the score
-    ``|R|`` falls then rises and the typical order merges two monotone runs (left of the crossing, walked
-    backwards, and right of it). Each token's rank in that merge comes from one batched searchsorted; ties
-    between the runs go to the more probable (left) token."""
-    V = s.shape[1]
-    logp = torch.log_softmax(s, -1)
-    p = logp.exp()
-    H = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1, keepdim=True)
-    R = (-logp - H).contiguous()                       # +inf for removed tokens (they rank last)
-    c = (R < 0).sum(-1, keepdim=True)                  # the crossing: tokens more probable than "typical"
-    pos = torch.arange(V, device=s.device)
-    below = torch.searchsorted(R, (-R).contiguous(), side="left")  # #{k: R_k < -R_j}
-    rank = torch.where(pos < c, (c - 1 - pos) + below - c, pos - below)
-    mass = torch.zeros_like(p).scatter_(1, rank, p)
-    before = torch.cat([torch.zeros_like(p[:, :1]), mass.cumsum(-1)[:, :-1]], 1).gather(1, rank)
-    return s.masked_fill((before >= typical_p) & (typical_p < 1.0), NEG_INF)
-
-
-def tail_free_filter(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Tail-free sampling (T. Bricken, 2019, "Tail-Free Sampling"): on the sorted candidate probabilities, the
-    absolute second differences ``|p[i] - 2 p[i+1] + p[i+2]|`` (the curvature at token i+1), normalised to sum 1,
-    accumulate along the tail; token j (1 <= j <= n-2) stays while that sum up to its own curvature is <= z,
-    the top token always stays and the last candidate goes (it has no curvature). Flat distributions (no
-    curvature) use uniform weights, as llama.cpp does. Computed over the n tokens earlier stages kept."""
-    n_rows, V = s.shape
-    if V < 3:
-        return s
-    p = torch.softmax(s, -1)
-    n = torch.isfinite(s).sum(-1, keepdim=True)
-    valid = torch.arange(V - 2, device=s.device) < n - 2
-    d2 = (p[:, :-2] - 2 * p[:, 1:-1] + p[:, 2:]).abs() * valid
-    total = d2.sum(-1, keepdim=True)
-    w = torch.where(total > 1e-6, d2 / total.clamp_min(1e-30), valid / (n - 2).clamp_min(1))
-    keep = torch.zeros_like(s, dtype=torch.bool)
-    keep[:, 0] = True
-    keep[:, 1:-1] = (w.cumsum(-1) <= z) & valid
-    keep |= (n <= 2) & torch.isfinite(s)
-    return s.masked_fill(~keep & (z < 1.0), NEG_INF)
-
-
-def mirostat_filter(s: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
-    """Mirostat v2 truncation (Basu et al. 2021; llama.cpp / Inferflow's v2): drop tokens whose surprise
-    ``-log2 p`` exceeds ``mu`` (the top token always stays). The mu update follows the draw (see Sampler)."""
-    surprise = -torch.log_softmax(s, -1) / math.log(2.0)
-    drop = surprise > mu
-    drop[:, 0] = False
-    return s.masked_fill(drop, NEG_INF)
+# re-exported: their home was this module
+from .sampling_state import GREEDY_BELOW, SampleOutput, SeqSampling, column, exp_noise, small_tensor  # noqa: F401
+from .truncation import (min_p_filter, mirostat_filter, tail_free_filter, top_k_filter,  # noqa: F401
+                         top_p_filter, truncate, typical_filter)
 
 
 def _kind(p: SamplingParams) -> str:
@@ -236,7 +124,7 @@ class Sampler:
         rnd = [b for b in range(B) if kinds[b] in ("random", "mirostat")]
         if rnd:
             every = len(rnd) == B  # all rows draw: no gather/scatter of rows (same values, fewer copies)
-            idx = None if every else _index(rnd, dev)
+            idx = None if every else small_tensor(rnd, dev)
             xr = x if every else x.index_select(0, idx)
             filtered = self.truncate(xr, seqs if every else [seqs[b] for b in rnd])
             q = self._noise(seqs if every else [seqs[b] for b in rnd], V, dev)
@@ -245,7 +133,7 @@ class Sampler:
             tokens = put(tokens, (filtered - logq).argmax(-1))
             final = put(final, filtered)
             if guided:
-                temp = _col([max(seqs[b].params.temperature, GREEDY_BELOW) for b in rnd], dev)
+                temp = column([max(seqs[b].params.temperature, GREEDY_BELOW) for b in rnd], dev)
                 race = put(x, filtered - logq)
                 backup = put(x, xr / temp - logq)
         return tokens, final, race, backup
@@ -265,62 +153,12 @@ class Sampler:
         return x
 
     def truncate(self, x: torch.Tensor, seqs: list[SeqSampling]) -> torch.Tensor:
-        """The logits each (random or mirostat) row samples from: temperature, then top-k -> top-p -> min-p ->
-        typical -> tail-free, or mirostat's cut, all over one sort; removed tokens at -inf."""
-        params = [sq.params for sq in seqs]
-        n, V = x.shape
-        dev = x.device
-        miro = [p.mirostat == 2 for p in params]
-        temp = [p.temperature if p.temperature >= GREEDY_BELOW else 1.0 for p in params]
-        x = x / _col(temp, dev)
-        # mirostat replaces the truncation samplers, so its rows' settings read as "off"
-        k = [V if m or p.top_k <= 0 else min(p.top_k, V) for p, m in zip(params, miro)]
-        top_p = [1.0 if m else p.top_p for p, m in zip(params, miro)]
-        min_p = [0.0 if m else p.min_p for p, m in zip(params, miro)]
-        typ = [1.0 if m else p.typical_p for p, m in zip(params, miro)]
-        tfs = [1.0 if m else p.tfs_z for p, m in zip(params, miro)]
-        for sq, m in zip(seqs, miro):
-            if m and sq.mirostat_mu is None:
-                sq.mirostat_mu = 2.0 * sq.params.mirostat_tau
-        need = [i for i in range(n) if miro[i] or k[i] < V or top_p[i] < 1 or min_p[i] > 0 or typ[i] < 1
-                or tfs[i] < 1]
-        if not need:
-            return x
-        every = len(need) == n
-        s, order = torch.sort(x if every else x.index_select(0, _index(need, dev)), dim=-1, descending=True)
-        sel = lambda vals: [vals[i] for i in need]  # noqa: E731
-        if any(v < V for v in sel(k)):
-            s = top_k_filter(s, _col(sel(k), dev, torch.long))
-        if any(v < 1 for v in sel(top_p)):
-            s = top_p_filter(s, _col(sel(top_p), dev))
-        if any(v > 0 for v in sel(min_p)):
-            s = min_p_filter(s, _col(sel(min_p), dev))
-        if any(v < 1 for v in sel(typ)):
-            s = typical_filter(s, _col(sel(typ), dev))
-        if any(v < 1 for v in sel(tfs)):
-            s = tail_free_filter(s, _col(sel(tfs), dev))
-        if any(sel(miro)):
-            mu = [seqs[i].mirostat_mu if miro[i] else math.inf for i in need]
-            s = mirostat_filter(s, _col(mu, dev))
-        back = torch.full_like(s, NEG_INF).scatter_(1, order, s)
-        return back if every else x.index_copy(0, _index(need, dev), back)
+        """The logits each (random or mirostat) row samples from (truncation.py's ``truncate``)."""
+        return truncate(x, seqs)
 
     def _noise(self, seqs: list[SeqSampling], V: int, dev: torch.device) -> torch.Tensor:
         """``[n, V]`` Exp(1) draws: a seeded row from its own generator only (V draws every step)."""
-        shared = [i for i, sq in enumerate(seqs) if sq.generator is None]
-        if len(shared) == len(seqs):  # no seeded row: one draw, no row scatter (the same numbers)
-            g = self.generator
-            gdev = g.device if g is not None else dev
-            return torch.empty(len(seqs), V, device=gdev).exponential_(generator=g).to(dev)
-        q = torch.empty(len(seqs), V, device=dev)
-        if shared:
-            g = self.generator
-            gdev = g.device if g is not None else dev
-            q[_index(shared, dev)] = torch.empty(len(shared), V, device=gdev).exponential_(generator=g).to(dev)
-        for i, sq in enumerate(seqs):
-            if sq.generator is not None:
-                q[i] = torch.empty(V, device=sq.generator.device).exponential_(generator=sq.generator).to(dev)
-        return q
+        return exp_noise(seqs, V, dev, self.generator)
 
     def _fsd(self, x: torch.Tensor, sq: SeqSampling) -> tuple[torch.Tensor, torch.Tensor]:
         """Frustratingly Simple Decoding (Yang et al. 2023, arXiv 2305.12675; Inferflow's ``fsd``): the top-k

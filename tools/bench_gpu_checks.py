@@ -1,0 +1,80 @@
+"""The kernel checks of tools/bench_gpu.py: the Triton paged-decode kernel and the fused element-wise kernels
+(RMSNorm, SiLU * mul, RoPE, residual add + RMSNorm, q/k norm + RoPE, the one-launch K/V write) against the torch
+compositions they replace, on random data.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def kernel_check(device: str, small: bool = False, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """Max |diff| of the Triton kernels against torch (``small``: interpreter-sized, for a CPU smoke test)."""
+    from inferflow.engine import triton_attention as ta
+
+    if not ta.available(torch.device(device)):
+        return {}
+    g = torch.Generator(device=device).manual_seed(0)
+    B, H, hkv, D, bs, nb = (2, 4, 2, 16, 16, 12) if small else (8, 32, 8, 128, 16, 1200)
+    hid, inter = (64, 96) if small else (4096, 12288)
+    kc, vc = (torch.randn(nb, bs, hkv, D, device=device, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(B, H, D, device=device, generator=g).to(dtype)
+    lens = torch.tensor([1, 100] if small else [1, 15, 16, 17, 300, 1000, 1999, 2048], device=device)
+    width = 8 if small else 128
+    tables = torch.stack([torch.randperm(nb, device=device, generator=g)[:width] for _ in range(B)])
+    out = {}
+    for name, kw in {"plain": {}, "softcap": {"softcap": 30.0}, "window": {"window": 100}}.items():
+        o = ta.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=width * bs, **kw)
+        r = ta.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, **kw)
+        out[name] = (o.float() - r.float()).abs().max().item()
+    # the fused element-wise ops against the torch compositions they replace (bf16: bit-exact expected)
+    from inferflow.model import fused_ops
+    from inferflow.registry import create
+
+    x = torch.randn(64, 3 * hid, device=device, generator=g).to(dtype)[:, :hid] * 3
+    w = torch.randn(hid, device=device, generator=g).to(dtype)
+    h = x.float()
+    ref = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+    out["fused_rmsnorm"] = (fused_ops.rmsnorm(x, w, 1e-6).float() - ref.float()).abs().max().item()
+    gu = torch.randn(64, 2 * inter, device=device, generator=g).to(dtype) * 3
+    gate, up = gu.split(inter, -1)
+    out["fused_silu_mul"] = (fused_ops.silu_mul(gate, up).float() - (torch.nn.functional.silu(gate) * up).float()
+                             ).abs().max().item()
+    rope = create("rope", {"dim": D, "theta": 1e6})
+    from inferflow.model.context import ForwardContext
+
+    ctx = ForwardContext(positions=torch.arange(64, device=device) * 37, q_lens=[64], k_lens=[64], backend=None)
+    cos, sin = rope.cos_sin(ctx, dtype)
+    q = torch.randn(64, H, D, device=device, generator=g).to(dtype)
+    out["fused_rope"] = (fused_ops.rope_half(q, cos, sin).float() - rope._rot(q, cos, sin).float()).abs().max().item()
+    # residual add + RMSNorm, q/k norm + RoPE, the one-launch K/V write (None: the kernel declined the inputs)
+    from types import SimpleNamespace
+
+    from inferflow.engine import triton_kv_write
+    from inferflow.model import fuse_add_norm, fused_qk_rope
+
+    a, b = (torch.randn(64, hid, device=device, generator=g).to(dtype) for _ in range(2))
+    sy = fuse_add_norm.add_rmsnorm(a, b, w, 1e-6)
+    s = a + b
+    h = s.float()
+    ref = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    out["fused_add_rmsnorm"] = None if sy is None else max((sy[0].float() - s.float()).abs().max().item(),
+                                                          (sy[1].float() - ref.float()).abs().max().item())
+    qkv = torch.randn(64, (H + 2 * hkv) * D, device=device, generator=g).to(dtype) * 3
+    qq, kk, vv = qkv.split([H * D, hkv * D, hkv * D], -1)
+    norms = [create("rmsnorm", {"dim": D, "eps": 1e-6}) for _ in range(2)]
+    for nm in norms:
+        nm.weight = torch.nn.Parameter(torch.randn(D, device=device, generator=g).to(dtype), requires_grad=False)
+    ctx.position = rope
+    attn = SimpleNamespace(use_position=True, q_norm=norms[0], k_norm=norms[1], d=D, h=H, hkv=hkv,
+                           qk_norm_per_head=True)
+    got = fused_qk_rope.norm_rope(attn, qq, kk, ctx)
+    want = (rope._rot(norms[0](qq.reshape(64, H, D)), cos, sin), rope._rot(norms[1](kk.reshape(64, hkv, D)), cos, sin))
+    out["fused_qk_norm_rope"] = None if got is None else max((x.float() - y.float()).abs().max().item()
+                                                             for x, y in zip(got, want))
+    kf, vf = (torch.zeros(nb * bs, hkv, D, device=device, dtype=dtype) for _ in range(2))
+    slots = torch.randperm(nb * bs, device=device, generator=g)[:64]
+    k3, v3 = kk.view(64, hkv, D), vv.view(64, hkv, D)
+    ok = triton_kv_write.write_kv(kf, vf, slots, k3, v3)
+    out["fused_kv_write"] = None if not ok else max((kf[slots].float() - k3.float()).abs().max().item(),
+                                                    (vf[slots].float() - v3.float()).abs().max().item())
+    return out
