@@ -71,16 +71,22 @@ def fake_timer(monkeypatch):
     return timer, calls
 
 
-def test_choice_is_timed_once_and_cached(fake_timer):
+def test_choice_is_timed_once_and_cached(fake_timer, monkeypatch):
     timer, calls = fake_timer
     cands = gpu_gemv.configs(1)
     timer.times = [10.0] + [9.0, 5.0, 8.0][: len(cands)]
     x, w = torch.randn(1, 40).to(torch.bfloat16), torch.randn(12, 40).to(torch.bfloat16)
-    y = gpu_gemv.linear(x, w)
-    assert y is not None and calls == [1 + len(cands)]
+    assert gpu_gemv.linear(x, w) is None and calls == []  # outside the warm-up: cuBLAS, nothing timed
+    with gpu_gemv.selecting():
+        assert gpu_gemv.linear(x, w) is None  # eager calls keep cuBLAS; the choice is made for the capture
+    assert calls == [1 + len(cands)]
     assert gpu_gemv._choice[(1, 12, 40, torch.bfloat16, False, x.device)] == cands[1]  # the fastest
-    gpu_gemv.linear(x, w)
+    with gpu_gemv.selecting():
+        gpu_gemv.linear(x, w)
     assert calls == [1 + len(cands)]  # cached: not timed again
+    monkeypatch.setattr(gpu_gemv, "_capturing", lambda device: True)
+    y = gpu_gemv.linear(x, w)  # inside a capture: the chosen Triton config
+    assert y is not None
     torch.testing.assert_close(y.float(), x.float() @ w.float().T, atol=0.1, rtol=0.02)
 
 
@@ -88,8 +94,10 @@ def test_near_tie_keeps_cublas(fake_timer):
     timer, calls = fake_timer
     timer.times = [10.0] + [9.9] * len(gpu_gemv.configs(2))  # 1% faster: under MARGIN
     x, w = torch.randn(2, 40).to(torch.float16), torch.randn(12, 40).to(torch.float16)
-    assert gpu_gemv.linear(x, w) is None and len(calls) == 1
-    assert gpu_gemv.linear(x, w) is None and len(calls) == 1  # the cuBLAS choice is cached too
+    with gpu_gemv.selecting():
+        assert gpu_gemv.linear(x, w) is None and len(calls) == 1
+        assert gpu_gemv.linear(x, w) is None and len(calls) == 1  # the cuBLAS choice is cached too
+    assert gpu_gemv._choice[(2, 12, 40, torch.float16, False, x.device)] is None
 
 
 def test_capture_uses_cached_choice_or_cublas(fake_timer, monkeypatch):
@@ -118,7 +126,8 @@ def test_failed_selection_keeps_cublas(fake_timer, monkeypatch):
 
     monkeypatch.setattr(gpu_gemv, "timer", broken)
     x, w = torch.randn(1, 40).to(torch.bfloat16), torch.randn(12, 40).to(torch.bfloat16)
-    assert gpu_gemv.linear(x, w) is None  # never raises into the forward
+    with gpu_gemv.selecting():
+        assert gpu_gemv.linear(x, w) is None  # never raises into the forward
     assert gpu_gemv._choice[(1, 12, 40, torch.bfloat16, False, x.device)] is None
 
 

@@ -92,7 +92,8 @@ def stack(layers: int, reps: int, dtype: torch.dtype) -> dict:
 
     graphs = {}
     for use in (False, True):
-        step(use)  # the selector times each shape here, outside the capture
+        with gpu_gemv.selecting():
+            step(use)  # the selector times each shape here, outside the capture
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):

@@ -9,6 +9,7 @@ static step then runs eagerly, which is still correct.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from typing import Any, Sequence
@@ -16,6 +17,16 @@ from typing import Any, Sequence
 import torch
 
 from .static_decode import StaticDecode
+
+
+def _gemv_selection() -> contextlib.AbstractContextManager:
+    """The Triton GEMV's per-shape timing window (model/gpu_gemv.py), or nothing where triton is not installed."""
+    try:
+        from ..model.gpu_gemv import selecting
+    except ImportError:
+        return contextlib.nullcontext()
+    return selecting()
+
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +93,8 @@ class DecodeGraphs:
     def _capture(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compiles kernels; rewrites the same K/V the replay writes
-            for _ in range(2):
+        with torch.cuda.stream(side), _gemv_selection():  # warm-up: compiles kernels, times the GEMV choices for
+            for _ in range(2):  # this bucket (model/gpu_gemv.py); rewrites the same K/V the replay writes
                 self._eager(rows)
         torch.cuda.current_stream().wait_stream(side)
         try:

@@ -6,15 +6,17 @@ weight reads. Here a program owns BLOCK_N output columns for every row, so the w
 16-byte loads along K, float32 products accumulated elementwise (or summed each step) and reduced once after the K
 loop, optionally split over K with a deterministic second pass (partials summed in a fixed order).
 
-Selection: the first call of a (rows, N, K, dtype, bias) key outside CUDA-graph capture times cuBLAS (F.linear)
-against each config on the real weight as a decode step runs them (in CUDA graphs, the weight never in L2:
-time_cuda) and caches the fastest; Triton only where it beats cuBLAS by ``MARGIN``. Inside a capture an unseen key
-uses cuBLAS, uncached (no timing can run there): the engine's warm-up runs each bucket's eager step before capturing it
-(engine/cuda_graphs.py).
+Selection: inside :func:`selecting` (the engine's eager warm-up of each CUDA-graph bucket, engine/cuda_graphs.py),
+the first call of a (rows, N, K, dtype, bias) key times cuBLAS (F.linear) against each config on the real weight as
+a decode step runs them (in CUDA graphs, the weight never in L2: time_cuda) and caches the fastest; Triton only
+where it beats cuBLAS by ``MARGIN``. The choice is used only inside a CUDA-graph capture (the decode graphs it was
+timed for); eager calls (prefill heads, eager fallbacks) and unseen keys keep cuBLAS, so nothing is ever timed in
+the middle of serving, where other steps' work is in flight.
 INFERFLOW_GPU_GEMV=0 (or ``ENABLED = False``) keeps cuBLAS everywhere, for A/B runs.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
@@ -60,6 +62,7 @@ INTERP_CONFIGS: tuple[Config, ...] = (Config(4, 32), Config(8, 16, split_k=3), C
 log = logging.getLogger(__name__)
 _choice: dict[tuple, Config | None] = {}
 _MISSING = object()
+_selecting = 0  # > 0 inside selecting()
 
 
 @triton.jit
@@ -264,22 +267,33 @@ def select(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tuple[Co
     return pick, [ts[0]] + [bycfg.get(c, float("inf")) for c in configs(x.shape[0])]
 
 
+@contextlib.contextmanager
+def selecting():
+    """Calls inside this block time and cache the choice for keys not yet seen (the engine's graph warm-up)."""
+    global _selecting
+    _selecting += 1
+    try:
+        yield
+    finally:
+        _selecting -= 1
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x @ w^T (+ b) through the Triton GEMV where it was timed faster for this shape; None: use F.linear."""
+    """x @ w^T (+ b) through the Triton GEMV inside a CUDA-graph capture where it was timed faster for this shape
+    (in :func:`selecting`); None: use F.linear."""
     if not ENABLED or x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.dtype not in _DTYPES \
             or w.dtype != x.dtype or w.dim() != 2 or (b is not None and b.dtype != x.dtype) \
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):  # no autograd through Triton
         return None
     key = (x.shape[0], w.shape[0], w.shape[1], x.dtype, b is not None, x.device)
-    cfg = _choice.get(key, _MISSING)
-    if cfg is _MISSING:
-        if _capturing(x.device):  # nothing can be timed inside a capture: the vendor path, decided later
-            return None
+    if _capturing(x.device):
+        cfg = _choice.get(key)
+        return None if cfg is None else gemv(x, w, b, cfg)
+    if _selecting and key not in _choice:
         try:
-            cfg = select(x, w, b)[0]
+            _choice[key] = select(x, w, b)[0]
         except Exception as e:  # noqa: BLE001 - never fail a forward over a speed choice (the engine's warm-up
             # would read it as its attention kernel failing): the vendor path for this shape
             log.warning("GEMV selection for %s failed (%s: %s); using cuBLAS", key[:4], type(e).__name__, e)
-            cfg = None
-        _choice[key] = cfg
-    return None if cfg is None else gemv(x, w, b, cfg)
+            _choice[key] = None
+    return None
