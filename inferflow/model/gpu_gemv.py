@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 ENABLED = os.environ.get("INFERFLOW_GPU_GEMV", "1") != "0"
-MAX_ROWS = 4
+MAX_ROWS = int(os.environ.get("INFERFLOW_GPU_GEMV_ROWS", "4"))  # rows up to which Triton is tried (A/B runs)
 MARGIN = 0.03  # Triton must be this much faster than cuBLAS: a near tie keeps the vendor path
 _DTYPES = (torch.bfloat16, torch.float16)
 
