@@ -216,6 +216,7 @@ def time_cuda(fns: Sequence[Callable[[torch.Tensor], object]], w: torch.Tensor, 
     ws = [w] + [w.clone() for _ in range(-(-2 * l2 // max(w.nbytes, 1)))]
     calls = len(ws) * max(1, -(-16 // len(ws)))  # at least 16 calls a replay, every copy as often
     graphs: list[torch.cuda.CUDAGraph | None] = []
+    g = None
     for f in fns:
         try:
             f(w)  # compile, warm (outside the capture)
@@ -239,7 +240,15 @@ def time_cuda(fns: Sequence[Callable[[torch.Tensor], object]], w: torch.Tensor, 
             e.record()
             e.synchronize()
             out.append(s.elapsed_time(e))
-    del graphs, ws
+    del graphs, ws, g
+    # cuBLAS keeps one workspace per (handle, stream), allocated at first use: here inside a capture, so from the
+    # timing graphs' private pool, which dies with them. Left cached, the engine's next capture on the same stream
+    # would bake that address into its decode graph, and a later release of the workspace (torch.compile's graphs
+    # clear them) frees memory the graph still writes: an illegal address (seen on an H200 after HF's compiled runs)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        torch.cuda.synchronize()
+        clear()
     return [statistics.median(m) * 1e3 / calls for m in ms]
 
 
