@@ -122,15 +122,12 @@ def stack(layers: int, reps: int, dtype: torch.dtype) -> dict:
 
 def e2e(rounds: int, new_tokens: int) -> dict:
     """Batch-1 decode through the Engine, gpu_gemv off vs on (the graphs captured each way), interleaved."""
-    import json as _json
     import tempfile
 
     import transformers
+    from bench_gpu_ours import load_shared  # tools/: the script's folder
 
-    import inferflow
-    import inferflow.model.model as mm
     from inferflow.engine import Engine, EngineConfig, SamplingParams
-    from inferflow.loaders.source import WeightSource
 
     shape = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
@@ -140,33 +137,7 @@ def e2e(rounds: int, new_tokens: int) -> dict:
         torch.set_default_dtype(torch.bfloat16)
         hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape)).eval()
         torch.set_default_dtype(torch.float32)
-    folder = tempfile.mkdtemp(prefix="gemv-e2e-")
-    hf.config.save_pretrained(folder)
-    sd = hf.state_dict()
-
-    class Mem(WeightSource):
-        kind = "hf"
-
-        def __init__(self) -> None:
-            self.sd, self.path = sd, folder
-            self.config = _json.loads(Path(folder, "config.json").read_text())
-            self.config_name = os.path.join(folder, "config.json")
-
-        def names(self) -> list[str]:
-            return list(self.sd)
-
-        def shape(self, name: str) -> tuple[int, ...]:
-            return tuple(self.sd[name].shape)
-
-        def get(self, name: str) -> torch.Tensor:
-            return self.sd[name]
-
-    orig = mm.open_source
-    mm.open_source = lambda _: Mem()
-    try:
-        model = inferflow.load(folder, dtype="bfloat16", device=DEV)
-    finally:
-        mm.open_source = orig
+    model = load_shared(hf, tempfile.mkdtemp(prefix="gemv-e2e-"), DEV)
     log("model loaded")
     prompt = torch.randint(0, shape["vocab_size"], (128,), generator=torch.Generator().manual_seed(1)).tolist()
     ecfg = dict(max_num_seqs=1, max_model_len=512, max_num_batched_tokens=2048, enable_prefix_caching=False,
