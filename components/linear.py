@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferflow.component import Component
+from inferflow.native import float_linear
 from inferflow.quant.cpu_kernels import hold_linear, linear as packed_linear
 from inferflow.registry import register
 
@@ -45,6 +46,12 @@ class Linear(Component):
             from inferflow.model import gpu_gemv  # imports triton: GPU machines only
 
             y = gpu_gemv.linear(x, self.weight, self.bias)
+            if y is not None:
+                return y
+        if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= float_linear.MAX_ROWS:
+            # 1-16 rows (decode steps): native kernels that stream the weight once for all rows at memory speed
+            # (inferflow/native/gemv_float.c); None where they do not apply (dtype, layout, INFERFLOW_NATIVE=0)
+            y = float_linear.linear(x, self.weight, self.bias)
             if y is not None:
                 return y
         pk = self.__dict__.get("cpu_packed")  # (weight, oneDNN-packed copy): inferflow/model/cpu_prepack.py

@@ -2,7 +2,8 @@
 
 ``F.linear`` in bfloat16 on the CPU already runs oneDNN's GEMM, but re-lays the weight out for it at every call;
 an 8-row decode step of SmolLM2-135M spends ~18% less time with the layout done once (1 thread, the very same
-bits: oneDNN computes the same products either way). One-row inputs keep their GEMV (``Linear.forward``).
+bits: oneDNN computes the same products either way). Inputs of 1-16 rows (decode steps) go to the native kernels
+first where they are built (``inferflow/native/float_linear.py``), so the packed copy mostly serves prefill.
 
 The copy costs the weight's bytes again, so only models whose bfloat16 weights fit a quarter of the free memory
 are packed. Nothing here knows a model family: every plain bfloat16 ``linear`` component is a candidate.

@@ -18,3 +18,6 @@ int inferflow_omp_threads(int nthreads) {
     }
     return seen;
 }
+
+/* The address this library resolved omp_get_num_threads to: the test compares it with torch's libgomp. */
+void *inferflow_omp_symbol(void) { return (void *)&omp_get_num_threads; }

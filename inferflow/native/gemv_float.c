@@ -1,0 +1,431 @@
+/* Float linears for a few rows (decode steps): y[M,N] = x[M,K] @ W[N,K]^T (+ bias), W row-major as HF stores it.
+
+Why: a decode step is mostly GEMVs bound by the weights' memory traffic; torch's CPU GEMM for 2-16 rows and its
+16-bit GEMVs fall well short of it, and change their summation with the row count. Here every W tile (NR output
+rows x all of K) is read from memory once and applied to all M rows (the x rows stay in L1/L2); OpenMP splits the
+output rows between threads.
+
+Determinism: each output element y[m,n] has its own 16-lane float32 accumulator, walks K in the same steps
+(16 floats / 32 bfloat16 per step, a masked last step) and is reduced in one fixed order, whatever M, the tile shape
+or the thread count: row m of an M-row call is bitwise the M=1 call on that row.
+
+Types: float32 (x, W, y float32), bfloat16 (bf16 x/W/y, float32 sums: AMX tiles where the CPU and the OS allow
+them, 16 W rows per instruction, which keeps 8-16 rows memory-bound; else AVX512_BF16 dot products; the rows of N
+past a multiple of 16 always take the latter), float16 (f16 x/W/y, float32 sums). Portable C fallback without
+AVX-512. Bias has W's type.
+Entry points return 0, or -1 for an unsupported shape (Python then keeps its torch path).
+*/
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#define MAXM 16
+#define AI static inline __attribute__((always_inline))
+
+/* ---- scalar conversions (portable; used for x staging, outputs and biases) ---------------------------------- */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN kept quiet */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float f16_to_f32(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
+    else if (e) u = s | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = s;
+    else { /* subnormal half: normalize */
+        e = 113;
+        while (!(m & 0x400)) { m <<= 1; e--; }
+        u = s | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+static inline uint16_t f32_to_f16(float f) {
+#ifdef __F16C__
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t s = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00);
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00); /* rounds to >= 65520: inf */
+    if (a < 0x38800000u) { /* subnormal half (or zero) */
+        if (a < 0x33000000u) return (uint16_t)s;
+        uint32_t m = (a & 0x7fffff) | 0x800000, sh = 126 - (a >> 23);
+        uint32_t r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(s | r);
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
+    return (uint16_t)(s | (r >> 13));
+#endif
+}
+
+enum { T_F32 = 0, T_BF16 = 1, T_F16 = 2 };
+
+static inline float load_elem(const void *p, int64_t i, int t) {
+    if (t == T_F32) return ((const float *)p)[i];
+    if (t == T_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    return f16_to_f32(((const uint16_t *)p)[i]);
+}
+static inline void store_elem(void *p, int64_t i, float v, int t) {
+    if (t == T_F32) ((float *)p)[i] = v;
+    else if (t == T_BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = f32_to_f16(v);
+}
+
+/* the finished dot products of one tile -> y (+ bias), converted to the output type */
+AI void store_tile(const float *sums, int MR, int NR, const void *bias, void *y, int64_t ldy, int64_t m0, int64_t n0,
+                   int t) {
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) {
+            float v = sums[i * NR + j];
+            if (bias) v += load_elem(bias, n0 + j, t);
+            store_elem(y, (m0 + i) * ldy + n0 + j, v, t);
+        }
+}
+
+#ifdef __AVX512F__
+/* W 16 elements -> float32 lanes (masked: zeros past K) */
+AI __m512 wload(const void *w, int64_t k, int t, __mmask16 mk, int masked) {
+    if (t == T_F32)
+        return masked ? _mm512_maskz_loadu_ps(mk, (const float *)w + k) : _mm512_loadu_ps((const float *)w + k);
+    __m256i h = masked ? _mm256_maskz_loadu_epi16(mk, (const uint16_t *)w + k)
+                       : _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k));
+    if (t == T_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* One tile: MR x rows (float32, row stride ldx) times NR W rows (type t, stride K); 16 lanes per step. */
+AI void tile16(const float *x, int64_t ldx, const void *w, int64_t K, int MR, int NR, int t, float *sums,
+               const char *pf, int64_t pfstride) {
+    __m512 acc[4][8];
+    const int es = t == T_F32 ? 4 : 2;
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[8];
+        for (int j = 0; j < NR; j++) wv[j] = wload((const char *)w + j * K * es, k, t, 0, 0);
+        if (pf)
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * pfstride + k * es, _MM_HINT_T1);
+        for (int i = 0; i < MR; i++) {
+            __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
+        __m512 wv[8];
+        for (int j = 0; j < NR; j++) wv[j] = wload((const char *)w + j * K * es, k, t, mk, 1);
+        for (int i = 0; i < MR; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(mk, x + i * ldx + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) sums[i * NR + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+#ifdef __AVX512BF16__
+/* bfloat16 x and W: 32 products per step by vdpbf16ps (pairs summed in float32), masked last step. */
+AI void tile_dp(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t K, int MR, int NR, float *sums,
+                const char *pf, int64_t pfstride) {
+    __m512 acc[4][8];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512i wv[8];
+        for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_si512(w + j * K + k);
+        if (pf)
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * pfstride + k * 2, _MM_HINT_T1);
+        for (int i = 0; i < MR; i++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * ldx + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, (__m512bh)wv[j]);
+        }
+    }
+    if (k < K) {
+        __mmask32 mk = (__mmask32)((1ull << (K - k)) - 1);
+        __m512i wv[8];
+        for (int j = 0; j < NR; j++) wv[j] = _mm512_maskz_loadu_epi16(mk, w + j * K + k);
+        for (int i = 0; i < MR; i++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mk, x + i * ldx + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, (__m512bh)wv[j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) sums[i * NR + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+#endif
+#endif
+
+#ifndef __AVX512F__
+/* Portable: the same 16-lane schedule in plain C (the compiler vectorizes the lane loop). */
+static void tile_c(const float *x, int64_t ldx, const void *w, int64_t K, int MR, int NR, int t, float *sums) {
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) {
+            float lane[16] = {0};
+            for (int64_t k = 0; k < K; k += 16)
+                for (int l = 0; l < 16; l++)
+                    if (k + l < K) lane[l] += x[i * ldx + k + l] * load_elem(w, j * K + k + l, t);
+            float s = 0.f;
+            for (int l = 0; l < 16; l++) s += lane[l];
+            sums[i * NR + j] = s;
+        }
+}
+#endif
+
+/* ---- one N tile: all M rows, in row blocks of up to MB -------------------------------------------------------- */
+#define TILE(MR_, NR_)                                                                                            \
+    do {                                                                                                          \
+        if (dp) TILE_DP(MR_, NR_);                                                                                \
+        else tile16(xf + m0 * ldxf, ldxf, wt, K, MR_, NR_, t, sums, pf, K * es);                                  \
+    } while (0)
+#ifdef __AVX512BF16__
+#define TILE_DP(MR_, NR_) \
+    tile_dp((const uint16_t *)xraw + m0 * ldx, ldx, (const uint16_t *)wt, K, MR_, NR_, sums, pf, K * 2)
+#else
+#define TILE_DP(MR_, NR_) (void)0
+#endif
+
+static void run_tile(const float *xf, int64_t ldxf, const void *xraw, int64_t ldx, const void *w, const void *bias,
+                     void *y, int64_t M, int64_t N, int64_t K, int64_t n0, int NR, int t, int dp) {
+    const int es = t == T_F32 ? 4 : 2;
+    const void *wt = (const char *)w + n0 * K * es;
+    float sums[4 * 8];
+#ifdef __AVX512F__
+    const int MB = NR == 8 ? 2 : 4;
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        int MR = (int)(M - m0 < MB ? M - m0 : MB);
+        /* the first row block streams W from memory: the next tile's rows are prefetched meanwhile, into L2
+           (the x rows fill L1) */
+        const char *pf = (m0 == 0 && n0 + 2 * NR <= N) ? (const char *)wt + NR * K * es : NULL;
+        if (NR == 8) {
+            if (MR == 1) TILE(1, 8); else TILE(2, 8);
+        } else if (NR == 4) {
+            switch (MR) {
+            case 1: TILE(1, 4); break;
+            case 2: TILE(2, 4); break;
+            case 3: TILE(3, 4); break;
+            default: TILE(4, 4); break;
+            }
+        } else {
+            switch (MR) {
+            case 1: TILE(1, 1); break;
+            case 2: TILE(2, 1); break;
+            case 3: TILE(3, 1); break;
+            default: TILE(4, 1); break;
+            }
+        }
+        store_tile(sums, MR, NR, bias, y, N, m0, n0, t);
+    }
+#else
+    (void)xraw; (void)ldx; (void)dp;
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        int MR = (int)(M - m0 < 4 ? M - m0 : 4);
+        tile_c(xf + m0 * ldxf, ldxf, wt, K, MR, NR, t, sums);
+        store_tile(sums, MR, NR, bias, y, N, m0, n0, t);
+    }
+#endif
+}
+
+#ifdef HAVE_AMX
+/* bfloat16 with AMX tiles: C[16 W rows][M] += A[16 W rows][32 k] . B[16 k pairs][M pairs]. A is read straight from
+   W (a 64-byte piece of 16 rows), B is x re-laid once per call in pairs ("VNNI"), so 16 output rows take one
+   TDPBF16PS per 32 k. Each element is summed by the hardware in k order, independent of M. */
+static int amx_state = -1; /* -1 unknown, 0 off, 1 on */
+#ifndef PF_AMX
+#define PF_AMX 1
+#endif
+#define BARRIER() __asm__ __volatile__("" ::: "memory")
+
+static int amx_usable(void) {
+    if (amx_state < 0) { /* Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA) */
+        const char *env = getenv("INFERFLOW_AMX");
+        amx_state = (env && env[0] == '0') ? 0 : syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    }
+    return amx_state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+static void amx_config(int64_t M) {
+    tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; t++) c.rows[t] = 16;
+    c.colsb[0] = c.colsb[1] = c.colsb[4] = (uint16_t)(M * 4); /* C0, C1 (float32 x M), B (M bf16 pairs) */
+    c.colsb[2] = c.colsb[3] = 64;                             /* A0, A1: 32 bf16 of 16 W rows */
+    _tile_loadconfig(&c);
+}
+
+/* 16 * nb (1 or 2) W rows from n0 */
+static void amx_block(const uint16_t *xp, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t M,
+                      int64_t N, int64_t K, int64_t n0, int nb) {
+    const int64_t full = K / 32, bstride = 16 * M * 2;
+    const uint16_t *w0 = w + n0 * K, *w1 = w0 + 16 * K;
+    _tile_zero(0);
+    _tile_zero(1);
+    /* the next block's rows (contiguous: 16 * nb * K * 2 bytes) prefetched across this block's k steps */
+    const char *pf = PF_AMX && nb == 2 && n0 + 64 <= N ? (const char *)(w0 + 32 * K) : NULL;
+    const int64_t lines = K, per = full ? (lines + full - 1) / full : 0; /* 64-byte lines */
+    for (int64_t kb = 0; kb < full; kb++) {
+        if (pf)
+            for (int64_t i = kb * per; i < (kb + 1) * per && i < lines; i++) _mm_prefetch(pf + i * 64, _MM_HINT_T1);
+        _tile_loadd(4, xp + kb * bstride, M * 4);
+        _tile_loadd(2, w0 + kb * 32, K * 2);
+        _tile_dpbf16ps(0, 2, 4);
+        if (nb == 2) {
+            _tile_loadd(3, w1 + kb * 32, K * 2);
+            _tile_dpbf16ps(1, 3, 4);
+        }
+    }
+    if (K % 32) { /* the last k piece, zero-padded (past a row's end lies the next row, or unmapped memory) */
+        uint16_t tail[32][32];
+        memset(tail, 0, sizeof tail);
+        for (int r = 0; r < 16 * nb; r++) memcpy(tail[r], w0 + r * K + full * 32, (size_t)(K % 32) * 2);
+        BARRIER(); /* the tile intrinsics are asm without a memory operand: keep the stores above */
+        _tile_loadd(4, xp + full * bstride, M * 4);
+        _tile_loadd(2, tail[0], 64);
+        _tile_dpbf16ps(0, 2, 4);
+        if (nb == 2) {
+            _tile_loadd(3, tail[16], 64);
+            _tile_dpbf16ps(1, 3, 4);
+        }
+    }
+    float c[32][16];
+    _tile_stored(0, c[0], 64);
+    if (nb == 2) _tile_stored(1, c[16], 64);
+    BARRIER();
+    for (int r = 0; r < 16 * nb; r++) {
+        float b = bias ? bf16_to_f32(bias[n0 + r]) : 0.f;
+        for (int64_t m = 0; m < M; m++) y[m * N + n0 + r] = f32_to_bf16(c[r][m] + b);
+    }
+}
+
+static int gemv_amx(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+                    int64_t M, int64_t N, int64_t K, int nt) {
+    const int64_t nkb = (K + 31) / 32, blocks = N / 16, pairs = (blocks + 1) / 2;
+    uint16_t *xp = (uint16_t *)calloc((size_t)(nkb * 32 * M), 2);
+    if (!xp) return -1;
+    for (int64_t m = 0; m < M; m++) /* xp[kb][k pair][m][2] */
+        for (int64_t k = 0; k < K; k++)
+            xp[(k / 32) * 32 * M + ((k % 32) / 2) * M * 2 + m * 2 + (k & 1)] = x[m * ldx + k];
+    if (pairs < nt) nt = pairs > 0 ? (int)pairs : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        amx_config(M);
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < pairs; p++)
+            amx_block(xp, w, bias, y, M, N, K, p * 32, 2 * p + 1 < blocks ? 2 : 1);
+        _tile_release();
+    }
+    free(xp);
+    return 0;
+}
+#endif
+
+static int gemv(const void *x, int64_t ldx, const void *w, const void *bias, void *y, int64_t M, int64_t N,
+                int64_t K, int nt, int t) {
+    if (M < 1 || M > MAXM || N < 1 || K < 1 || ldx < K) return -1;
+    int64_t n_done = 0; /* rows [0, n_done) computed by AMX */
+#ifdef HAVE_AMX
+    if (t == T_BF16 && N >= 16 && amx_usable()) {
+        if (gemv_amx((const uint16_t *)x, ldx, (const uint16_t *)w, (const uint16_t *)bias, (uint16_t *)y, M, N, K,
+                     nt) != 0)
+            return -1;
+        n_done = N / 16 * 16;
+    }
+#endif
+    int dp = 0;
+#ifdef __AVX512BF16__
+    dp = t == T_BF16;
+#endif
+    const float *xf = (const float *)x;
+    int64_t ldxf = ldx;
+    float *stage = NULL;
+    if (t != T_F32 && !dp) { /* 16-bit x: convert the few rows to float32 once */
+        stage = (float *)malloc((size_t)(M * K) * sizeof(float));
+        if (!stage) return -1;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) stage[m * K + k] = load_elem(x, m * ldx + k, t);
+        xf = stage;
+        ldxf = K;
+    }
+    const int NR = M <= 2 ? 8 : 4;
+    const int64_t tiles = n_done ? 0 : N / NR, rest = N - (n_done ? n_done : tiles * NR);
+    if (nt < 1) nt = 1;
+    if (tiles < 2 * nt) nt = tiles > 1 ? (int)(tiles / 2) : 1; /* tiny N: no point waking threads */
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t b = 0; b < tiles; b++) run_tile(xf, ldxf, x, ldx, w, bias, y, M, N, K, b * NR, NR, t, dp);
+    for (int64_t n = N - rest; n < N; n++) run_tile(xf, ldxf, x, ldx, w, bias, y, M, N, K, n, 1, t, dp);
+    free(stage);
+    return 0;
+}
+
+int inferflow_gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias, float *y, int64_t M,
+                       int64_t N, int64_t K, int nt) {
+    return gemv(x, ldx, w, bias, y, M, N, K, nt, T_F32);
+}
+
+int inferflow_gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+                        int64_t M, int64_t N, int64_t K, int nt) {
+    return gemv(x, ldx, w, bias, y, M, N, K, nt, T_BF16);
+}
+
+int inferflow_gemv_f16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+                       int64_t M, int64_t N, int64_t K, int nt) {
+    return gemv(x, ldx, w, bias, y, M, N, K, nt, T_F16);
+}
+
+int inferflow_gemv_max_rows(void) { return MAXM; }
+
+/* bfloat16 through AMX tiles: 1 on, 0 off; set: 0/1 switches it (tests), -1 only asks */
+int inferflow_gemv_amx(int set) {
+#ifdef HAVE_AMX
+    if (set >= 0) amx_state = set ? -1 : 0;
+    return amx_usable();
+#else
+    (void)set;
+    return 0;
+#endif
+}
+
+/* 1 where the bfloat16 path uses vdpbf16ps (its products differ from float32 FMAs in the last bits) */
+int inferflow_gemv_bf16_dot(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
