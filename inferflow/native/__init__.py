@@ -54,7 +54,9 @@ def _build(name: str) -> Path:
     if cc is None:
         raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} is not on PATH)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(text + repr((FLAGS, cc, version)).encode()).hexdigest()[:16]
+    # headers next to the sources count too: a kernel may include a shared one
+    headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))
+    key = hashlib.sha256(text + headers + repr((FLAGS, cc, version)).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
         return out
