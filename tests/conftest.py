@@ -53,3 +53,10 @@ def pytest_collection_finish(session):
 def triton_interpreter(monkeypatch):
     """Triton kernels run on CPU tensors (its interpreter) for this test."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def no_native(monkeypatch):
+    """Native CPU kernels off ($INFERFLOW_NATIVE=0) for this test: it covers the torch paths that run where the
+    kernels cannot be built (quant/cpu_kernels.py falls back to them)."""
+    monkeypatch.setenv("INFERFLOW_NATIVE", "0")

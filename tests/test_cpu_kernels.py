@@ -11,6 +11,8 @@ from inferflow.errors import InferflowError
 from inferflow.quant import PackedTensor, cpu_kernels, ggml, int4pack
 from inferflow.registry import create
 
+pytestmark = pytest.mark.usefixtures("no_native")  # the torch paths (native kernels: tests/test_native_quant.py)
+
 Q = gguf.GGMLQuantizationType
 LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 KQUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]

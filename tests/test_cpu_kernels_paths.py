@@ -10,6 +10,8 @@ from test_cpu_kernels import held_linear
 from inferflow.quant import cpu_kernels, int4pack
 from inferflow.registry import create
 
+pytestmark = pytest.mark.usefixtures("no_native")  # the torch paths (native kernels: tests/test_native_quant.py)
+
 Q = gguf.GGMLQuantizationType
 BF16_TOL = 1.5e-2  # as tests/test_cpu_kernels.py: bf16 activations, scales and output
 

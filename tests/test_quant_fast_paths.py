@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from inferflow.quant import cpu_kernels, formats, int4pack
 from inferflow.registry import create
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "no_native")  # the torch paths: see test_native_quant.py
 BF16_TOL = 1.5e-2  # int4 paths: x, scale and zero rounded to bf16 (as tests/test_cpu_kernels.py)
 EXPECT = {"q6": "int4", "q5": "int4", "q4": "int4", "q3": "int4", "q2": "int4", "q3.5": "int4", "q8": "int4"}
 

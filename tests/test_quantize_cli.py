@@ -25,7 +25,7 @@ LOGIT_BOUNDS = {"q8": 0.025, "q6": 0.08, "q5": 0.16, "q4": 0.3, "q3.5": 0.45, "q
                 "q8_0": 0.025, "q5_1": 0.17, "q5_0": 0.15, "q4_1": 0.33, "q4_0": 0.37}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny kernels: see conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread", "no_native")  # tiny kernels: see conftest.py; no_native: int4 paths
 
 
 def _llama(tie: bool = False) -> transformers.LlamaForCausalLM:

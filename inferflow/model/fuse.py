@@ -6,9 +6,10 @@ row-wise into one new linear, gives the parts views into it (their names and sha
 duplicated) and calls ``on_fused(fused_linear)`` so the component switches to the fused path. Nothing here
 knows a model family: attention's q/k/v and a gated MLP's gate/up are just two users.
 
-Plain float linears are fused, and block-quantized linears held for the GPU's Triton kernels (kernel set "triton",
-quant/cpu_kernels.py) whose parts share one block type and K: their raw block rows are concatenated (a block row
-is a whole output row, so the fused blocks are exactly the fused weight's blocks) and the parts keep views.
+Plain float linears are fused, and block-quantized linears held for the GPU's Triton kernels or the CPU's native
+block kernels (kinds "triton" / "native", quant/cpu_kernels.py) whose parts share one kind, block type and K:
+their raw block rows are concatenated (a block row is a whole output row, so the fused blocks are exactly the fused
+weight's blocks) and the parts keep views.
 Other packed or special weights stay as they are.
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ def _triton_packed(lin: Any) -> bool:
     packed = getattr(lin, "packed", None)
     blocks = getattr(lin, "weight_blocks", None)
     return (type(lin).__name__ == "Linear" and isinstance(packed, dict) and set(packed) == {"weight"}
-            and (getattr(lin, "kernels", None) or {}).get("weight") == "triton" and isinstance(blocks, torch.Tensor)
+            and (getattr(lin, "kernels", None) or {}).get("weight") in ("triton", "native")
+            and isinstance(blocks, torch.Tensor)
             and blocks.dim() == 2 and len(packed["weight"][1]) == 2)
 
 
@@ -47,9 +49,9 @@ def _fuse_packed(parts: list[Any]) -> nn.Module | None:
     """The fused linear of Triton-held block-quantized parts (same block type, K, device, bias pattern)."""
     from ..quant.packed import PackedTensor, hold
 
-    (qtype, (_, k)), b0 = parts[0].packed["weight"], parts[0].weight_blocks
-    if any(p.packed["weight"][0] != qtype or p.packed["weight"][1][1] != k or p.weight_blocks.device != b0.device
-           or p.weight_blocks.shape[1] != b0.shape[1] for p in parts):
+    (qtype, (_, k)), b0, kind = parts[0].packed["weight"], parts[0].weight_blocks, parts[0].kernels["weight"]
+    if any(p.kernels["weight"] != kind or p.packed["weight"][0] != qtype or p.packed["weight"][1][1] != k
+           or p.weight_blocks.device != b0.device or p.weight_blocks.shape[1] != b0.shape[1] for p in parts):
         return None
     biased = [p.bias is not None for p in parts]
     if any(biased) and not all(biased):
@@ -59,7 +61,7 @@ def _fuse_packed(parts: list[Any]) -> nn.Module | None:
     with torch.no_grad():
         blocks = torch.cat([p.weight_blocks for p in parts])
         hold(fused, "weight", PackedTensor(blocks, qtype, (sum(rows), k)))
-        fused.kernels = {"weight": "triton"}
+        fused.kernels = {"weight": kind}
         if all(biased):
             fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
         # the parts keep working (on the GPU or the reference path) as views into the fused blocks: no copy stays

@@ -2,26 +2,37 @@
 
 Two kernel sets, picked once per model at load time:
 
-- ``"fast"`` (the default). Q4_0 / Q4_1 / Q4_K weights on a CPU are repacked at load into torch's int4
-  weight-only kernel (:mod:`.int4pack`: bf16 compute, within bf16 tolerance of the exact product; the ggml blocks
-  are dropped, 5 bits per weight stay). Batches above :data:`INT4_MAX_ROWS` rows (prefill) decode that
-  packing once per call, transposed, into a reused bf16 buffer (int4pack.dequantize_t) and run one bf16 GEMM
-  instead, where the kernel's per-row cost exceeds one decode of the weight (same bf16 tolerance; 2-2.5x the
-  kernel at 128 rows). A decode step's calls (M = 1) go straight to the kernel: one bf16 cast in, one float cast
-  out. Q8_0 runs the int4 kernel as two nibble planes (int4pack.py, 10 bits per weight) except vocab-sized
-  heads (:data:`Q8_INT4_MAX_N`, logits: exactness kept the greedy answer) and refused shapes. Vocab heads up to
-  :data:`DENSE_MAX_ELEMS` are decoded once at load into float32 ("dense": bit-identical weights, one GEMV per
-  step, 2.0-2.2x the chunked decoder below at the default model's 49152 x 576 head; the exact alternatives
-  measured slower: int8 codes with per-block partial sums through ``torch._int_mm`` or ``_weight_int8pack_mm``
-  per block; no CPU op takes bf16 codes into float32 outputs). Larger heads and refused shapes keep their blocks
-  and are decoded exactly (bit-identical weights) in cache-sized row chunks, int8 -> float32 times the block
-  scale, into a reused buffer read straight from the blocks (no repack), each chunk multiplied at once into a
-  preallocated output: 1.4-2x the reference. Every other type (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K,
-  and Q4 shapes the int4 kernel refuses) runs the reference path. inferflow's own formats all run the int4 kernel
-  (q4, q3, q2: one part; q6, q5, Q8_0: two; q3.5: three, side by side along K in one call: formats.py
-  registers them), or, in shapes it refuses,
-  q3.5 decodes whole into a per-thread buffer reused by every linear of that shape and runs one matmul. (For
-  the ggml types left on the reference path, chunking their decoders like Q8_0 measured no faster: 0.8-1.1x.)
+- ``"fast"`` (the default). Where the native kernels build (:mod:`inferflow.native`, ``$INFERFLOW_NATIVE``), Q4_0 /
+  Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q6_K weights (and Q4_K in shapes the int4 kernel refuses: :data:`INT4_OVER_NATIVE`) on
+  a CPU, the Q8_0 vocab head included, keep their ggml blocks as stored (kind ``"native"``, :mod:`.native_linear`):
+  a C kernel decodes them in registers with the reference's arithmetic (bit-identical weights) and sums in float32
+  in a fixed order per output element (the same bits for any row count and thread count), streaming the weight once
+  for up to :data:`NATIVE_MAX_ROWS` rows; larger batches (prefill) decode the weight once per call into a reused
+  buffer, :data:`NATIVE_DECODE_ELEMS` at a time, for bf16 GEMMs (:data:`NATIVE_PREFILL_BF16`; vocab heads: exact
+  float32 ones). Fused q/k/v and gate/up linears concatenate their block rows (model/fuse.py).
+  ``$INFERFLOW_NATIVE_Q8X=1`` sends Q4_0 / Q4_1 / Q8_0 layers (not vocab heads) through llama.cpp's arithmetic
+  instead (activations quantized to int8 per 32-block, AVX512-VNNI dot products: ~5e-3 relative error; off by
+  default, see :func:`native_q8x`). Measured: tools/bench_native_quant.py. Everything below is what runs where the
+  native kernels are unavailable (no compiler, ``INFERFLOW_NATIVE=0``) or for other types: Q4_0 / Q4_1 / Q4_K
+  weights on a CPU are repacked at load into torch's int4 weight-only kernel (:mod:`.int4pack`: bf16 compute, within
+  bf16 tolerance of the exact product; the ggml blocks are dropped, 5 bits per weight stay). Batches above
+  :data:`INT4_MAX_ROWS` rows (prefill) decode that packing once per call, transposed, into a reused bf16 buffer
+  (int4pack.dequantize_t) and run one bf16 GEMM instead, where the kernel's per-row cost exceeds one decode of the
+  weight (same bf16 tolerance; 2-2.5x the kernel at 128 rows). A decode step's calls (M = 1) go straight to the
+  kernel: one bf16 cast in, one float cast out. Q8_0 runs the int4 kernel as two nibble planes (int4pack.py, 10 bits
+  per weight) except vocab-sized heads (:data:`Q8_INT4_MAX_N`, logits: exactness kept the greedy answer) and refused
+  shapes. Vocab heads up to :data:`DENSE_MAX_ELEMS` are decoded once at load into float32 ("dense": bit-identical
+  weights, one GEMV per step, 2.0-2.2x the chunked decoder below at the default model's 49152 x 576 head; the exact
+  alternatives measured slower: int8 codes with per-block partial sums through ``torch._int_mm`` or
+  ``_weight_int8pack_mm`` per block; no CPU op takes bf16 codes into float32 outputs). Larger heads and refused
+  shapes keep their blocks and are decoded exactly (bit-identical weights) in cache-sized row chunks, int8 ->
+  float32 times the block scale, into a reused buffer read straight from the blocks (no repack), each chunk
+  multiplied at once into a preallocated output: 1.4-2x the reference. Every other type (Q5_0, Q5_1, Q2_K, Q3_K,
+  Q5_K, Q6_K, and Q4 shapes the int4 kernel refuses) runs the reference path. inferflow's own formats all run the
+  int4 kernel (q4, q3, q2: one part; q6, q5, Q8_0: two; q3.5: three, side by side along K in one call: formats.py
+  registers them), or, in shapes it refuses, q3.5 decodes whole into a per-thread buffer reused by every linear of
+  that shape and runs one matmul. (For the ggml types left on the reference path, chunking their decoders like Q8_0
+  measured no faster: 0.8-1.1x.)
 - ``"reference"``: the blocks are held and every call decodes them with the bit-exact ggml dequantizers
   (:func:`inferflow.quant.packed.packed_linear`); parity tests use it to compare float32 outputs.
 
@@ -43,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InferflowError
-from . import ggml, int4pack, triton_kernels
+from . import ggml, int4pack, native_linear, triton_kernels
 from .packed import PackedTensor, hold, packed_linear
 
 MODES = ("fast", "reference")
@@ -65,6 +76,21 @@ Q8_INT4_MAX_N = 16384
 # Such vocab-sized Q8_0 weights up to this many elements (512 MiB in float32) are held decoded in float32 (kernel
 # "dense"): exact, and the fastest exact form measured (see the module doc); larger ones keep the chunked decoder.
 DENSE_MAX_ELEMS = 1 << 27
+# Native kernel (kind "native", quant/native_linear.py): calls of up to this many rows run the block GEMV; larger
+# ones (prefill) decode the weight NATIVE_DECODE_ELEMS at a time and run GEMMs (bf16: NATIVE_PREFILL_BF16).
+# Crossover against the bf16 decode + GEMM, 1 thread (Q4_0 / Q8_0, 3072x576 and 576x1536; GEMM path / kernel
+# time): 1.4-1.8 at 8 rows, 1.0-1.5 at 12, 0.75-1.2 at 16, 0.6-0.9 at 24 (against the float32 GEMM: 1.35-1.8 at
+# 16, 0.65-1.15 at 32). Up to this many rows, batched decoding gives the same bits as one sequence at a time.
+NATIVE_MAX_ROWS = 16
+# Larger batches decode native-held weights (but vocab heads) to bf16 and run bf16 GEMMs, as the int4 path does
+# (bf16 tolerance). 128-token prefill, 1 thread, q4_0 / q8_0 class files: 1.7x / 2.1x the exact float32 decode +
+# GEMM, 1.4x / 3.1x the int4 path's (INFERFLOW_NATIVE=0). False: exact float32 for every weight.
+NATIVE_PREFILL_BF16 = True
+# Types the native kernel decodes but the int4 kernel runs faster where it takes the shape (bf16 tolerance instead
+# of exact): Q4_K, whose sub-blocks carry their own scale and min, measured 0.5x the int4 kernel at 576 x 1536
+# (M = 1 and 8, 1 thread; tools/bench_native_quant.py --types Q4_K).
+INT4_OVER_NATIVE = frozenset({ggml.Q4_K})
+NATIVE_DECODE_ELEMS = 1 << 22
 
 
 _prefer_triton: contextvars.ContextVar[bool] = contextvars.ContextVar("prefer_triton", default=False)
@@ -113,6 +139,11 @@ def hold_linear(module: torch.nn.Module, name: str, t: PackedTensor) -> None:
         hold(module, name, t)  # blocks stay as they are: the Triton kernels read them (quant/triton_kernels.py)
         module.kernels = {**(getattr(module, "kernels", None) or {}), name: "triton"}
         return
+    if kind == "fast" and t.device.type == "cpu" and t.dim() == 2 and native_linear.available(t.qtype) and \
+            not (t.qtype in INT4_OVER_NATIVE and int4pack.supports(t.qtype, t.shape)):
+        hold(module, name, t)  # the native kernel reads the blocks as stored (quant/native_linear.py)
+        module.kernels = {**(getattr(module, "kernels", None) or {}), name: "native"}
+        return
     vocab = t.qtype == ggml.Q8_0 and t.dim() == 2 and t.shape[0] >= Q8_INT4_MAX_N
     if kind == "fast" and t.device.type == "cpu" and vocab and t.shape[0] * t.shape[1] <= DENSE_MAX_ELEMS:
         # the exact logits: the float32 weight, decoded once (bit-identical to the reference's decode)
@@ -140,6 +171,8 @@ def hold_linear(module: torch.nn.Module, name: str, t: PackedTensor) -> None:
 def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for a weight held by :func:`hold_linear`."""
     kind = (getattr(module, "kernels", None) or {}).get(name, "reference")
+    if kind == "native" and x.device.type == "cpu":
+        return _native(module, name, x, bias)
     if kind == "int4" and x.device.type == "cpu":
         # the hot path (a decode step runs ~200 of these): only the ops the kernel needs, no dispatch layers
         bufs = module._buffers  # the dict itself: nn.Module.__getattr__ costs ~1 us a lookup, 2x per call
@@ -173,7 +206,7 @@ def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tens
             except Exception as e:  # noqa: BLE001 - a kernel that cannot compile/launch here: never fail a forward
                 triton_kernels.disable(f"{type(e).__name__}: {e}")
         return packed_linear(module, name, x, bias)  # off the GPU, or kernels disabled: the bit-exact path
-    if kind == "reference" or (kind == "q8_0" and x.device.type != "cpu"):
+    if kind in ("reference", "native") or (kind == "q8_0" and x.device.type != "cpu"):
         return packed_linear(module, name, x, bias)
     qtype, shape = module.packed[name]
     x2 = x.reshape(-1, shape[1])
@@ -189,6 +222,47 @@ def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tens
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], shape[0])
+
+
+def native_q8x() -> bool:
+    """$INFERFLOW_NATIVE_Q8X=1: Q4_0 / Q4_1 / Q8_0 layers (not vocab heads) take the int8-activation kernel
+    (llama.cpp's arithmetic, approximate; see native_linear.gemv_q8x) where the build has it. Off by default."""
+    return os.environ.get("INFERFLOW_NATIVE_Q8X", "0") == "1" and native_linear.has_vnni()
+
+
+def _native(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The native kernel's ``x @ W^T + b`` (float32 product, cast back to ``x.dtype``): the kernel for up to
+    :data:`NATIVE_MAX_ROWS` rows, else the weight decoded once (bit-identical) into a reused float32 buffer, a
+    few MiB of rows at a time, each slab multiplied at once by one float32 GEMM."""
+    blocks = module._buffers[name + "_blocks"]
+    qtype, shape = module.packed[name]
+    x2 = x if x.dim() == 2 else x.reshape(-1, shape[1])
+    if x2.shape[0] <= NATIVE_MAX_ROWS:
+        q8x = qtype in native_linear.Q8X_TYPES and shape[0] < Q8_INT4_MAX_N and native_q8x()
+        y = (native_linear.gemv_q8x if q8x else native_linear.gemv)(blocks, qtype, shape, x2, bias)
+    else:
+        rows, cols = shape
+        step = max(1, NATIVE_DECODE_ELEMS // cols)
+        b = None if bias is None else bias.float()
+        if NATIVE_PREFILL_BF16 and rows < Q8_INT4_MAX_N:  # not vocab heads: their logits stay exact
+            xs, decode, buf = x2.to(torch.bfloat16), native_linear.dequantize_bf16, _bf16_buffer
+        else:
+            xs, decode, buf = x2.float(), native_linear.dequantize, _buffer
+        if rows <= step:
+            y = F.linear(xs, decode(blocks, qtype, shape, buf(rows * cols, blocks.device))).float()
+            if b is not None:
+                y += b
+        else:
+            y = torch.empty(x2.shape[0], rows, dtype=torch.float32)
+            for r in range(0, rows, step):
+                n = min(step, rows - r)
+                w = decode(blocks[r:r + n], qtype, (n, cols), buf(n * cols, blocks.device))
+                y[:, r:r + n] = F.linear(xs, w.view(n, cols))
+            if b is not None:
+                y += b
+    if x.dtype != torch.float32:
+        y = y.to(x.dtype)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], shape[0])
 
 
 _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default if int4pack.available() else None
@@ -230,6 +304,15 @@ def _chunked(x2: torch.Tensor, shape: tuple[int, int], decode) -> torch.Tensor:
 
 
 _local = threading.local()  # one reused decode buffer per thread (servers may run models in worker threads)
+
+
+def _bf16_buffer(numel: int, device: torch.device) -> torch.Tensor:
+    """This thread's reused bf16 buffer for the native large-batch path's decoded weight."""
+    buf = getattr(_local, "bbuf", None)
+    if buf is None or buf.numel() < numel or buf.device != device:
+        with torch.inference_mode(False):
+            buf = _local.bbuf = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    return buf[:numel]
 
 
 def _buffer(numel: int, device: torch.device) -> torch.Tensor:

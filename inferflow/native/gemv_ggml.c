@@ -1,0 +1,623 @@
+/* GEMV / small-M GEMM straight from ggml blocks: y[M,N] = x[M,K] @ dequant(W)[N,K]^T (+ bias), float32 x and y.
+
+Weights are the GGUF bytes as stored (each row whole blocks; f16 scales), decoded in registers 32 elements at a
+time with the reference's arithmetic (inferflow/quant/ggml.py: every decoded weight is bit-identical to it), then
+multiplied into float32 accumulators. Each output element (m, n) is one fixed chain: for every 32-element
+sub-block in order, acc += w[0:16] * x[0:16]; acc += w[16:32] * x[16:32] (16 lanes), then one fixed horizontal
+sum. No step depends on M, on how rows are tiled or on the thread count, so batched and single-row calls give
+the same bits. A tile of 4 weight rows is decoded once per group of up to 4 activation rows while it sits in L1,
+so memory streams the weight once per call for every M.
+
+Types: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q6_K (14) (ggml ids). The portable fallback
+(no AVX-512) decodes each sub-block to floats with the same formulas and sums with the same 16-lane chain. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline int block_bytes(int qt) {
+    switch (qt) {
+    case Q4_0: return 18; case Q4_1: return 20; case Q5_0: return 22; case Q5_1: return 24; case Q8_0: return 34;
+    case Q4_K: return 144; case Q6_K: return 210; default: return 0;
+    }
+}
+
+/* Q4_K / Q5_K 6-bit scale and min j of a block's 12 packed bytes (ggml's get_scale_min_k4) */
+static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Scalar decode of sub-block sb (32 elements) of a row: the reference formulas, used by the fallback and by
+   the decode-to-float entry point where AVX-512 is missing. */
+static void decode32_scalar(int qt, const uint8_t *row, int64_t sb, float *w) {
+    if (qt == Q4_K || qt == Q6_K) {
+        const int64_t blk = sb >> 3;
+        const int j = (int)(sb & 7);
+        if (qt == Q4_K) {
+            const uint8_t *b = row + blk * 144, *qs = b + 16 + (j >> 1) * 32;
+            int sc, mn;
+            scale_min_k4(j, b + 4, &sc, &mn);
+            const float d1 = f16(b) * (float)sc, m1 = f16(b + 2) * (float)mn;
+            const int sh = (j & 1) * 4;
+            for (int l = 0; l < 32; l++) w[l] = d1 * (float)((qs[l] >> sh) & 0xF) - m1;
+        } else {
+            const uint8_t *b = row + blk * 210;
+            const int half = j >> 2, k = j & 3;
+            const uint8_t *ql = b + 64 * half + (k & 1) * 32, *qh = b + 128 + 32 * half;
+            const int8_t *sc = (const int8_t *)(b + 192 + 8 * half);
+            const float d = f16(b + 208), dl0 = d * (float)sc[2 * k], dl1 = d * (float)sc[2 * k + 1];
+            const int sl = (k >> 1) * 4, sh = 2 * k;
+            for (int l = 0; l < 32; l++) {
+                int q = (((ql[l] >> sl) & 0xF) | (((qh[l] >> sh) & 3) << 4)) - 32;
+                w[l] = (l < 16 ? dl0 : dl1) * (float)q;
+            }
+        }
+        return;
+    }
+    const uint8_t *b = row + sb * block_bytes(qt);
+    const float d = f16(b);
+    switch (qt) {
+    case Q8_0:
+        for (int l = 0; l < 32; l++) w[l] = (float)(int8_t)b[2 + l] * d;
+        break;
+    case Q4_0:
+        for (int l = 0; l < 16; l++) {
+            w[l] = (float)((b[2 + l] & 0xF) - 8) * d;
+            w[l + 16] = (float)((b[2 + l] >> 4) - 8) * d;
+        }
+        break;
+    case Q4_1: {
+        const float m = f16(b + 2);
+        for (int l = 0; l < 16; l++) {
+            w[l] = (float)(b[4 + l] & 0xF) * d + m;
+            w[l + 16] = (float)(b[4 + l] >> 4) * d + m;
+        }
+        break;
+    }
+    case Q5_0: {
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        for (int l = 0; l < 16; l++) {
+            w[l] = (float)((int)((b[6 + l] & 0xF) | (((qh >> l) & 1) << 4)) - 16) * d;
+            w[l + 16] = (float)((int)((b[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16) * d;
+        }
+        break;
+    }
+    case Q5_1: {
+        const float m = f16(b + 2);
+        uint32_t qh;
+        memcpy(&qh, b + 4, 4);
+        for (int l = 0; l < 16; l++) {
+            w[l] = (float)((b[8 + l] & 0xF) | (((qh >> l) & 1) << 4)) * d + m;
+            w[l + 16] = (float)((b[8 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) * d + m;
+        }
+        break;
+    }
+    }
+}
+
+#ifdef __AVX512F__
+#define INLINE static inline __attribute__((always_inline))
+
+/* Sub-block sb of a row -> two 16-lane float vectors, bit-identical to the reference decode (where a fused
+   multiply-add replaces the reference's multiply then add, the product is exact: the same single rounding). */
+INLINE int legacy(const int qt) { return qt == Q4_0 || qt == Q4_1 || qt == Q5_0 || qt == Q5_1 || qt == Q8_0; }
+
+/* Blocks per chunk whose scales are converted ahead of the inner loop (legacy types) */
+#define CH 64
+
+/* The f16 scale d of legacy blocks [s0, s0 + n) of a row, and c (Q4_1 / Q5_1: the min m; Q4_0 / Q5_0: -8 d /
+   -16 d, exact), into dc[2 i], dc[2 i + 1]: the halves are gathered with integer moves and converted 16 at a
+   time, so the inner loop broadcasts them straight from memory (a load, no shuffle-port work per block). */
+INLINE void legacy_scales(const int qt, const uint8_t *row, int64_t s0, int n, float *dc) {
+    uint16_t h[2 * CH] __attribute__((aligned(64)));
+    const int bb = block_bytes(qt), two = qt == Q4_1 || qt == Q5_1;
+    const uint8_t *b = row + s0 * bb;
+    for (int i = 0; i < n; i++, b += bb) {
+        memcpy(&h[2 * i], b, 2);
+        memcpy(&h[2 * i + 1], b + (two ? 2 : 0), 2);
+    }
+    const float k = qt == Q4_0 ? -8.0f : qt == Q5_0 ? -16.0f : 1.0f;
+    const __m512 mul = _mm512_setr_ps(1, k, 1, k, 1, k, 1, k, 1, k, 1, k, 1, k, 1, k);
+    for (int i = 0; i < 2 * n; i += 16) {
+        __m512 v = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(h + i)));
+        _mm512_storeu_ps(dc + i, k != 1.0f ? _mm512_mul_ps(v, mul) : v);
+    }
+}
+
+/* Per sub-block scales of k-quant sub-blocks [s0, s0 + n) into dc[2 i], dc[2 i + 1]: Q4_K d * sc_j and
+   -(dmin * m_j); Q6_K d * sc for its two 16-element halves (the reference's products, exact) */
+INLINE void kquant_scales(const int qt, const uint8_t *row, int64_t s0, int n, float *dc) {
+    float d = 0.0f, dm = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int64_t sb = s0 + i;
+        const int j = (int)(sb & 7);
+        if (qt == Q4_K) {
+            const uint8_t *b = row + (sb >> 3) * 144;
+            if (i == 0 || j == 0) {
+                d = f16(b);
+                dm = f16(b + 2);
+            }
+            int sc, mn;
+            scale_min_k4(j, b + 4, &sc, &mn);
+            dc[2 * i] = d * (float)sc;
+            dc[2 * i + 1] = -(dm * (float)mn);
+        } else {
+            const uint8_t *b = row + (sb >> 3) * 210;
+            if (i == 0 || j == 0) d = f16(b + 208);
+            const int8_t *sc = (const int8_t *)(b + 192 + 8 * (j >> 2));
+            const int k = j & 3;
+            dc[2 * i] = d * (float)sc[2 * k];
+            dc[2 * i + 1] = d * (float)sc[2 * k + 1];
+        }
+    }
+}
+
+INLINE void decode32(const int qt, const uint8_t *row, int64_t sb, const float *dc, __m512 *lo, __m512 *hi) {
+    const __m512i m4 = _mm512_set1_epi32(0xF);
+    if (qt == Q8_0) {
+        const uint8_t *b = row + sb * 34;
+        const __m512 d = _mm512_set1_ps(dc ? dc[0] : f16(b));
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
+    } else if (qt == Q4_0 || qt == Q4_1) {
+        const int bb = qt == Q4_0 ? 18 : 20, off = qt == Q4_0 ? 2 : 4;
+        const uint8_t *b = row + sb * bb;
+        const float df = dc ? dc[0] : f16(b);
+        const __m512 d = _mm512_set1_ps(df);
+        /* (q - 8) d = q d - 8 d: exact */
+        const __m512 c = _mm512_set1_ps(dc ? dc[1] : qt == Q4_0 ? -8.0f * df : f16(b + 2));
+        /* the block's 16 possible weights, q d + c for q = 0..15 (exact as above), then a table lookup per lane:
+           vpermps reads only an index's low 4 bits, so the low nibble needs no mask (fewer ops than converting) */
+        const __m512 tbl = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d, c);
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + off)));
+        *lo = _mm512_permutexvar_ps(v, tbl);
+        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
+    } else if (qt == Q5_0 || qt == Q5_1) {
+        const int bb = qt == Q5_0 ? 22 : 24, hoff = qt == Q5_0 ? 2 : 4;
+        const uint8_t *b = row + sb * bb;
+        const float df = dc ? dc[0] : f16(b);
+        const __m512 d = _mm512_set1_ps(df);
+        const __m512 c = _mm512_set1_ps(dc ? dc[1] : qt == Q5_0 ? -16.0f * df : f16(b + 2));
+        uint32_t qh;
+        memcpy(&qh, b + hoff, 4);
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + hoff + 4)));
+        const __m512i s16 = _mm512_set1_epi32(16);
+        __m512i ql = _mm512_and_si512(v, m4), qhv = _mm512_srli_epi32(v, 4);
+        ql = _mm512_mask_or_epi32(ql, (__mmask16)(qh & 0xFFFF), ql, s16);
+        qhv = _mm512_mask_or_epi32(qhv, (__mmask16)(qh >> 16), qhv, s16);
+        *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ql), d, c);
+        *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qhv), d, c);
+    } else if (qt == Q4_K) {
+        const uint8_t *b = row + (sb >> 3) * 144;
+        const int j = (int)(sb & 7);
+        const uint8_t *qs = b + 16 + (j >> 1) * 32;
+        float d1, m1;
+        if (dc) {
+            d1 = dc[0];
+            m1 = dc[1];
+        } else {
+            int sc, mn;
+            scale_min_k4(j, b + 4, &sc, &mn);
+            d1 = f16(b) * (float)sc;
+            m1 = -(f16(b + 2) * (float)mn);
+        }
+        /* d1 q exact (<= 21 bits): one rounding, as d1 q - m1; the sub-block's 16 values as a table (see Q4_0) */
+        const __m512 tbl = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_ps(d1), _mm512_set1_ps(m1));
+        __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+        __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)));
+        if (j & 1) {  /* odd sub-blocks are the high nibbles; the table reads only an index's low 4 bits */
+            a = _mm512_srli_epi32(a, 4);
+            c = _mm512_srli_epi32(c, 4);
+        }
+        *lo = _mm512_permutexvar_ps(a, tbl);
+        *hi = _mm512_permutexvar_ps(c, tbl);
+    } else {  /* Q6_K */
+        const uint8_t *b = row + (sb >> 3) * 210;
+        const int j = (int)(sb & 7), half = j >> 2, k = j & 3;
+        const uint8_t *ql = b + 64 * half + (k & 1) * 32, *qh = b + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * half);
+        const float df = dc ? 0.0f : f16(b + 208);
+        const __m128i sl = _mm_cvtsi32_si128((k >> 1) * 4), sh = _mm_cvtsi32_si128(2 * k);
+        const __m512i m3 = _mm512_set1_epi32(3), s32 = _mm512_set1_epi32(32);
+        __m512i l0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ql));
+        __m512i l1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + 16)));
+        __m512i h0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qh));
+        __m512i h1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16)));
+        l0 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(l0, sl), m4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(h0, sh), m3), 4));
+        l1 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(l1, sl), m4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(h1, sh), m3), 4));
+        const float dl0 = dc ? dc[0] : df * (float)sc[2 * k], dl1 = dc ? dc[1] : df * (float)sc[2 * k + 1];
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l0, s32)), _mm512_set1_ps(dl0));
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l1, s32)), _mm512_set1_ps(dl1));
+    }
+}
+
+/* NR weight rows x MT activation rows, all K: the accumulators stay in registers. */
+INLINE void tile(const int qt, const int NR, const int MT, const uint8_t *w, int64_t rb, const float *x, int64_t ldx,
+                 float *y, int64_t ldy, const float *bias, int64_t nsb) {
+    __m512 acc[4][4];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MT; m++) acc[r][m] = _mm512_setzero_ps();
+    float dc[4][2 * CH] __attribute__((aligned(64)));
+    for (int64_t s0 = 0; s0 < nsb; s0 += CH) {
+        const int n = nsb - s0 < CH ? (int)(nsb - s0) : CH;
+        for (int r = 0; r < NR; r++) {
+            if (legacy(qt))
+                legacy_scales(qt, w + r * rb, s0, n, dc[r]);
+            else
+                kquant_scales(qt, w + r * rb, s0, n, dc[r]);
+        }
+        for (int i = 0; i < n; i++) {
+            const int64_t sb = s0 + i;
+            __m512 lo[4], hi[4];
+            for (int r = 0; r < NR; r++) decode32(qt, w + r * rb, sb, &dc[r][2 * i], &lo[r], &hi[r]);
+            for (int m = 0; m < MT; m++) {
+                const __m512 x0 = _mm512_loadu_ps(x + m * ldx + sb * 32);
+                const __m512 x1 = _mm512_loadu_ps(x + m * ldx + sb * 32 + 16);
+                for (int r = 0; r < NR; r++) {
+                    acc[r][m] = _mm512_fmadd_ps(lo[r], x0, acc[r][m]);
+                    acc[r][m] = _mm512_fmadd_ps(hi[r], x1, acc[r][m]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MT; m++) {
+            float s = _mm512_reduce_add_ps(acc[r][m]);
+            y[m * ldy + r] = bias ? s + bias[r] : s;
+        }
+}
+
+typedef void (*tile_fn)(const uint8_t *, int64_t, const float *, int64_t, float *, int64_t, const float *, int64_t);
+#define TILE(QT, NR, MT)                                                                                        \
+    static void tile_##QT##_##NR##_##MT(const uint8_t *w, int64_t rb, const float *x, int64_t ldx, float *y,    \
+                                        int64_t ldy, const float *bias, int64_t nsb) {                          \
+        tile(QT, NR, MT, w, rb, x, ldx, y, ldy, bias, nsb);                                                     \
+    }
+#define TILES(QT) TILE(QT, 4, 1) TILE(QT, 4, 2) TILE(QT, 4, 4) TILE(QT, 1, 1) TILE(QT, 1, 2) TILE(QT, 1, 4)
+TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0) TILES(Q4_K) TILES(Q6_K)
+#define ROW(QT) {tile_##QT##_4_1, tile_##QT##_4_2, tile_##QT##_4_4, tile_##QT##_1_1, tile_##QT##_1_2, tile_##QT##_1_4}
+
+static int tiles_for(int qt, tile_fn out[6]) {
+    static const tile_fn t[7][6] = {ROW(Q4_0), ROW(Q4_1), ROW(Q5_0), ROW(Q5_1), ROW(Q8_0), ROW(Q4_K), ROW(Q6_K)};
+    int i;
+    switch (qt) {
+    case Q4_0: i = 0; break; case Q4_1: i = 1; break; case Q5_0: i = 2; break; case Q5_1: i = 3; break;
+    case Q8_0: i = 4; break; case Q4_K: i = 5; break; case Q6_K: i = 6; break; default: return -1;
+    }
+    memcpy(out, t[i], sizeof(t[i]));
+    return 0;
+}
+#endif /* __AVX512F__ */
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define HAVE_VNNI 1
+/* The llama.cpp way (opt-in, approximate): x quantized per 32-block to int8 with a float scale (round to nearest,
+   d = max|x| / 127), then integer dot products of the weight's codes with those bytes (vpdpbusd, unsigned x
+   signed), scaled by d_w * d_x per block. Q8_0 codes are made unsigned by +128 (xor 0x80) and Q4_0's -8 offset
+   is taken out with the block's sum of x codes; Q4_1's min multiplies that sum times d_x. Fixed order per output
+   element too. */
+INLINE __m256i codes32(const int qt, const uint8_t *b) {
+    if (qt == Q8_0) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (qt == Q4_0 ? 2 : 4))), m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m), _mm_and_si128(qs, m));
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE void vtile(const int qt, const int NR, const int MT, const uint8_t *w, int64_t rb, const int8_t *xq, int64_t K,
+                  const float *dx, const int32_t *sx, float *y, int64_t ldy, const float *bias, int64_t nsb) {
+    const int bb = block_bytes(qt), off = qt == Q8_0 ? 128 : qt == Q4_0 ? 8 : 0;
+    __m256 acc[4][4];
+    float accs[4][4];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MT; m++) {
+            acc[r][m] = _mm256_setzero_ps();
+            accs[r][m] = 0.0f;
+        }
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        __m256i q[4];
+        float d[4], mw[4];
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *b = w + r * rb + sb * bb;
+            q[r] = codes32(qt, b);
+            d[r] = f16(b);
+            mw[r] = qt == Q4_1 ? f16(b + 2) : 0.0f;
+        }
+        for (int m = 0; m < MT; m++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * K + sb * 32));
+            const float dxm = dx[m * nsb + sb];
+            const int32_t sxm = sx[m * nsb + sb];
+            const __m256i init = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-off * sxm));
+            for (int r = 0; r < NR; r++) {
+                const __m256i p = _mm256_dpbusd_epi32(init, q[r], xv);
+                acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d[r] * dxm), acc[r][m]);
+                if (qt == Q4_1) accs[r][m] = fmaf(mw[r], dxm * (float)sxm, accs[r][m]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MT; m++) {
+            const float s = hsum256(acc[r][m]) + accs[r][m];
+            y[m * ldy + r] = bias ? s + bias[r] : s;
+        }
+}
+
+typedef void (*vtile_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const int32_t *, float *,
+                         int64_t, const float *, int64_t);
+#define VTILE(QT, NR, MT)                                                                                        \
+    static void vtile_##QT##_##NR##_##MT(const uint8_t *w, int64_t rb, const int8_t *xq, int64_t K, const float *dx, \
+                                         const int32_t *sx, float *y, int64_t ldy, const float *bias, int64_t nsb) { \
+        vtile(QT, NR, MT, w, rb, xq, K, dx, sx, y, ldy, bias, nsb);                                              \
+    }
+#define VTILES(QT) VTILE(QT, 4, 1) VTILE(QT, 4, 2) VTILE(QT, 4, 4) VTILE(QT, 1, 1) VTILE(QT, 1, 2) VTILE(QT, 1, 4)
+VTILES(Q4_0) VTILES(Q4_1) VTILES(Q8_0)
+#define VROW(QT) \
+    {vtile_##QT##_4_1, vtile_##QT##_4_2, vtile_##QT##_4_4, vtile_##QT##_1_1, vtile_##QT##_1_2, vtile_##QT##_1_4}
+
+/* x rows -> int8 codes, per-block scales and code sums (llama.cpp's quantize_row_q8_0 rounding) */
+static void quantize_x(const float *x, int64_t ldx, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *sx) {
+    const int64_t nsb = K / 32;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nsb; b++) {
+            const float *xs = x + m * ldx + b * 32;
+            const __m512 a = _mm512_loadu_ps(xs), c = _mm512_loadu_ps(xs + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m512 iv = _mm512_set1_ps(id);
+            const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, iv)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, iv));
+            _mm_storeu_si128((__m128i *)(xq + m * K + b * 32), _mm512_cvtepi32_epi8(qa));
+            _mm_storeu_si128((__m128i *)(xq + m * K + b * 32 + 16), _mm512_cvtepi32_epi8(qc));
+            dx[m * nsb + b] = d;
+            sx[m * nsb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+        }
+}
+#endif
+
+/* The fallback tile: the same per-element chain (16 lane sums, then the same pairwise horizontal order as
+   _mm512_reduce_add_ps is not promised; only M- and thread-invariance within one build are). */
+static void tile_scalar(int qt, int nr, int mt, const uint8_t *w, int64_t rb, const float *x, int64_t ldx,
+                        float *y, int64_t ldy, const float *bias, int64_t nsb) {
+    for (int r = 0; r < nr; r++) {
+        for (int m = 0; m < mt; m++) {
+            float lane[16] = {0};
+            float wv[32];
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                decode32_scalar(qt, w + r * rb, sb, wv);
+                const float *xs = x + m * ldx + sb * 32;
+                for (int l = 0; l < 16; l++) lane[l] = fmaf(wv[l], xs[l], lane[l]);
+                for (int l = 0; l < 16; l++) lane[l] = fmaf(wv[16 + l], xs[16 + l], lane[l]);
+            }
+            for (int s = 8; s >= 1; s >>= 1)
+                for (int l = 0; l < s; l++) lane[l] += lane[l + s];
+            y[m * ldy + r] = bias ? lane[0] + bias[r] : lane[0];
+        }
+    }
+}
+
+/* Weights per extra thread below which a call runs on one thread: a fork/join costs microseconds on an idle
+   machine but up to a scheduler time slice (milliseconds) when the other core is busy, so small GEMVs (most of a
+   decode step's calls) stay on the calling thread. Settable (tests, benchmarks). */
+static int64_t grain = (int64_t)1 << 19;
+
+void ggml_set_grain(int64_t g) { grain = g < 1 ? 1 : g; }
+
+static inline int threads_for(int nt, int64_t N, int64_t K) {
+    const int64_t most = N * K / grain;
+    return most < 1 ? 1 : most < nt ? (int)most : nt;
+}
+
+int ggml_supported(int qt) { return block_bytes(qt) != 0; }
+
+int ggml_has_simd(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] (+ bias[n]); W row n at w + n * rb. Returns 0, or -1 for an
+   unsupported type or K. */
+int ggml_gemv(int qt, const uint8_t *w, int64_t rb, const float *x, int64_t ldx, float *y, int64_t ldy,
+              const float *bias, int64_t M, int64_t N, int64_t K, int nt, int simd) {
+    const int64_t qk = (qt == Q4_K || qt == Q6_K) ? 256 : 32;
+    if (!block_bytes(qt) || K % qk || M < 1 || N < 1) return -1;
+    const int64_t nsb = K / 32, groups = (N + 3) / 4;
+    nt = threads_for(nt, N, K);
+#ifdef __AVX512F__
+    tile_fn t[6];
+    tiles_for(qt, t);
+#else
+    simd = 0;
+#endif
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t n0 = g * 4, nr = N - n0 < 4 ? N - n0 : 4;
+        for (int64_t m0 = 0; m0 < M;) {
+            const int64_t left = M - m0, mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const float *xm = x + m0 * ldx;
+            float *ym = y + m0 * ldy + n0;
+            const float *bn = bias ? bias + n0 : 0;
+            if (simd) {
+#ifdef __AVX512F__
+                const int mi = mt == 4 ? 2 : mt == 2 ? 1 : 0;
+                if (nr == 4) {
+                    t[mi](w + n0 * rb, rb, xm, ldx, ym, ldy, bn, nsb);
+                } else {
+                    for (int64_t r = 0; r < nr; r++)
+                        t[3 + mi](w + (n0 + r) * rb, rb, xm, ldx, ym + r, ldy, bn ? bn + r : 0, nsb);
+                }
+#endif
+            } else {
+                tile_scalar(qt, (int)nr, (int)mt, w + n0 * rb, rb, xm, ldx, ym, ldy, bn, nsb);
+            }
+            m0 += mt;
+        }
+    }
+    return 0;
+}
+
+int ggml_has_vnni(void) {
+#ifdef HAVE_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ggml_gemv with x quantized to int8 per 32-block (llama.cpp's arithmetic: approximate); Q4_0 / Q4_1 / Q8_0 only.
+   scratch: M * K + 8 * M * (K / 32) bytes. Returns -1 where unsupported (no VNNI build, other types). */
+int ggml_gemv_q8x(int qt, const uint8_t *w, int64_t rb, const float *x, int64_t ldx, float *y, int64_t ldy,
+                  const float *bias, int64_t M, int64_t N, int64_t K, int nt, void *scratch) {
+#ifdef HAVE_VNNI
+    if ((qt != Q4_0 && qt != Q4_1 && qt != Q8_0) || K % 32 || M < 1 || N < 1) return -1;
+    static const vtile_fn t3[3][6] = {VROW(Q4_0), VROW(Q4_1), VROW(Q8_0)};
+    const vtile_fn *t = t3[qt == Q4_0 ? 0 : qt == Q4_1 ? 1 : 2];
+    const int64_t nsb = K / 32, groups = (N + 3) / 4;
+    nt = threads_for(nt, N, K);
+    int8_t *xq = (int8_t *)scratch;
+    float *dx = (float *)(xq + M * K);
+    int32_t *sx = (int32_t *)(dx + M * nsb);
+    quantize_x(x, ldx, M, K, xq, dx, sx);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t n0 = g * 4, nr = N - n0 < 4 ? N - n0 : 4;
+        for (int64_t m0 = 0; m0 < M;) {
+            const int64_t left = M - m0, mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const int mi = mt == 4 ? 2 : mt == 2 ? 1 : 0;
+            const int8_t *xm = xq + m0 * K;
+            const float *dm = dx + m0 * nsb;
+            const int32_t *sm = sx + m0 * nsb;
+            float *ym = y + m0 * ldy + n0;
+            const float *bn = bias ? bias + n0 : 0;
+            if (nr == 4) {
+                t[mi](w + n0 * rb, rb, xm, K, dm, sm, ym, ldy, bn, nsb);
+            } else {
+                for (int64_t r = 0; r < nr; r++)
+                    t[3 + mi](w + (n0 + r) * rb, rb, xm, K, dm, sm, ym + r, ldy, bn ? bn + r : 0, nsb);
+            }
+            m0 += mt;
+        }
+    }
+    return 0;
+#else
+    (void)qt; (void)w; (void)rb; (void)x; (void)ldx; (void)y; (void)ldy; (void)bias; (void)M; (void)N; (void)K;
+    (void)nt; (void)scratch;
+    return -1;
+#endif
+}
+
+/* W rows [0, N) decoded as ggml_dequant, then rounded to bf16 (round to nearest even) into out[N, K]: the large-
+   batch path's bf16 GEMM operand. Returns -1 where the build lacks AVX512-BF16 (the caller converts instead). */
+int ggml_dequant_bf16(int qt, const uint8_t *w, int64_t rb, uint16_t *out, int64_t N, int64_t K, int nt) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    const int64_t qk = (qt == Q4_K || qt == Q6_K) ? 256 : 32;
+    if (!block_bytes(qt) || K % qk) return -1;
+    const int64_t nsb = K / 32;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * rb;
+        uint16_t *o = out + n * K;
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            __m512 lo, hi;
+            switch (qt) {
+            case Q4_0: decode32(Q4_0, row, sb, 0, &lo, &hi); break;
+            case Q4_1: decode32(Q4_1, row, sb, 0, &lo, &hi); break;
+            case Q5_0: decode32(Q5_0, row, sb, 0, &lo, &hi); break;
+            case Q5_1: decode32(Q5_1, row, sb, 0, &lo, &hi); break;
+            case Q8_0: decode32(Q8_0, row, sb, 0, &lo, &hi); break;
+            case Q4_K: decode32(Q4_K, row, sb, 0, &lo, &hi); break;
+            default: decode32(Q6_K, row, sb, 0, &lo, &hi); break;
+            }
+            _mm256_storeu_si256((__m256i *)(o + sb * 32), (__m256i)_mm512_cvtneps_pbh(lo));
+            _mm256_storeu_si256((__m256i *)(o + sb * 32 + 16), (__m256i)_mm512_cvtneps_pbh(hi));
+        }
+    }
+    return 0;
+#else
+    (void)qt; (void)w; (void)rb; (void)out; (void)N; (void)K; (void)nt;
+    return -1;
+#endif
+}
+
+/* W rows [0, N) decoded into out[N, K] float32 (bit-identical to the reference), for large-M calls: decode once,
+   then one GEMM. */
+int ggml_dequant(int qt, const uint8_t *w, int64_t rb, float *out, int64_t N, int64_t K, int nt, int simd) {
+    const int64_t qk = (qt == Q4_K || qt == Q6_K) ? 256 : 32;
+    if (!block_bytes(qt) || K % qk) return -1;
+    const int64_t nsb = K / 32;
+#ifndef __AVX512F__
+    simd = 0;
+#endif
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * rb;
+        float *o = out + n * K;
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            if (simd) {
+#ifdef __AVX512F__
+                __m512 lo, hi;
+                switch (qt) {  /* constant qt per branch: the decoder inlines specialised */
+                case Q4_0: decode32(Q4_0, row, sb, 0, &lo, &hi); break;
+                case Q4_1: decode32(Q4_1, row, sb, 0, &lo, &hi); break;
+                case Q5_0: decode32(Q5_0, row, sb, 0, &lo, &hi); break;
+                case Q5_1: decode32(Q5_1, row, sb, 0, &lo, &hi); break;
+                case Q8_0: decode32(Q8_0, row, sb, 0, &lo, &hi); break;
+                case Q4_K: decode32(Q4_K, row, sb, 0, &lo, &hi); break;
+                default: decode32(Q6_K, row, sb, 0, &lo, &hi); break;
+                }
+                _mm512_storeu_ps(o + sb * 32, lo);
+                _mm512_storeu_ps(o + sb * 32 + 16, hi);
+#endif
+            } else {
+                decode32_scalar(qt, row, sb, o + sb * 32);
+            }
+        }
+    }
+    return 0;
+}
