@@ -11,7 +11,17 @@ import os
 from dataclasses import dataclass
 
 from inferflow.component import Component
+from inferflow.native import cpu_ops
 from inferflow.registry import create, register
+
+
+def _native_rope(pos, heads, ctx):
+    """q|k heads [N, H + Hkv, D] rotated by one native call from RoPE's cos/sin table (inferflow/native/cpu_ops.py:
+    the same bits as ``rotate_heads``); None where only RoPE itself serves."""
+    if not (cpu_ops.enabled_all() and hasattr(pos, "_table") and pos._tabled(heads, ctx)):
+        return None
+    cos, ssin = pos._table(ctx, heads.dtype)
+    return cpu_ops.rope(heads, cos, ssin)
 
 
 @register("attention")
@@ -103,7 +113,10 @@ class Attention(Component):
             pos = ctx.position if self.use_position else None
             if self.q_norm is None and self.clip_qkv is None and hasattr(pos, "rotate_heads"):
                 # q and k heads are adjacent in the fused output: rotate them as one [N, H + Hkv, D] tensor
-                qk = pos.rotate_heads(qkv[:, :self.qd + self.kvd].view(n, self.h + self.hkv, self.d), ctx)
+                heads = qkv[:, :self.qd + self.kvd].view(n, self.h + self.hkv, self.d)
+                qk = _native_rope(pos, heads, ctx) if heads.device.type == "cpu" else None
+                if qk is None:
+                    qk = pos.rotate_heads(heads, ctx)
                 if qk is not None:
                     return self._attend(qk[:, :self.h], qk[:, self.h:], qkv[:, self.qd + self.kvd:].view(
                         n, self.hkv, self.d), ctx, pos)

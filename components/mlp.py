@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from inferflow.component import Component
+from inferflow.native import cpu_ops
 from inferflow.registry import create, register
 
 from .activations import activation
@@ -74,6 +75,10 @@ class GatedMLP(Component):
 
             if fused_ops.ENABLED:
                 return self.down_proj(fused_ops.silu_mul(gate, up))
+        if self.act is F.silu and gate.device.type == "cpu" and gate.dim() == 2:
+            h = cpu_ops.silu_mul(gate, up)  # one native call (inferflow/native/cpu_ops.py), float32 math
+            if h is not None:
+                return self.down_proj(h)
         h = self.act(gate)
         # silu returns a fresh tensor: multiply into it instead of allocating another [N, I] (same values)
         return self.down_proj(h.mul_(up) if self.act is F.silu else h * up)

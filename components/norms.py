@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferflow.component import Component
+from inferflow.native import cpu_ops
 from inferflow.registry import register
 
 
@@ -63,6 +64,10 @@ class RMSNorm(Component):
                 if y is not None:
                     return y
         dtype = x.dtype
+        if x.device.type == "cpu":  # one native call, bit for bit the arithmetic below (inferflow/native/cpu_ops.py)
+            y = cpu_ops.rmsnorm(x, self.weight, self.eps, self.offset, self.weight_in_float)
+            if y is not None:
+                return y
         if x.device.type == "cpu" and not self.offset:
             # torch's rms_norm: one call instead of five ops, on the CPU bit for bit the float32 arithmetic below
             if dtype == torch.float32 and self.weight.dtype == dtype:

@@ -122,6 +122,10 @@ class PagedAttentionBackend(AttentionBackend):
             return self._dense.self_attention(key, q, k, v, ctx, causal=causal, scale=scale, window=window,
                                               softcap=softcap, bias_fn=bias_fn)
         p = self._plan_for(ctx)
+        if p.pure and q.device.type == "cpu" and window is None and softcap is None and bias_fn is None:
+            out = self._native_decode(key, p, q, k, v, scale)  # K/V write + attention as one native call
+            if out is not None:
+                return out
         sdev, cdev = kv.storage_device(key), kv.compute_device(key)
         kv.write(key, self._on(p, "slots", sdev, lambda: self.slot_mapping), k, v)
         qc = q if q.device == cdev else q.to(cdev)
@@ -148,6 +152,48 @@ class PagedAttentionBackend(AttentionBackend):
                                    bias=bias)
                 out[s:e] = o[0].transpose(0, 1)
         return out if out.device == q.device else out.to(q.device)
+
+    def _native_batch(self, p: _Plan):
+        """The pure-decode CPU batch's block tables, key counts and slots for the native kernel (validated once per
+        forward: cpu_ops.DecodeBatch); None: not served."""
+        from ..native.cpu_ops import DecodeBatch
+
+        t, slots = self.block_tables, self.slot_mapping
+        if isinstance(t, torch.Tensor):
+            if t.device.type != "cpu" or t.dim() != 2:
+                return None
+            tables = t.to(torch.int64)
+        else:
+            width = max(1, max(len(r) for r in t))
+            tables = torch.tensor([list(r) + [0] * (width - len(r)) for r in t], dtype=torch.int64)
+        if slots.device.type != "cpu":
+            return None
+        try:
+            return DecodeBatch(tables, torch.tensor(p.ctx.k_lens, dtype=torch.int64), slots.to(torch.int64),
+                               self.cache.block_size, self.cache.num_blocks)
+        except ValueError:
+            return None
+
+    def _native_decode(self, key: int, p: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       scale: float) -> torch.Tensor | None:
+        """A pure-decode CPU batch's K/V write and attention over its blocks, read in place, as one native call
+        (inferflow/native/cpu_ops.py; float32 softmax, per-sequence results independent of the batch); None: the
+        torch path runs (native ops off, quantized or off-CPU K/V, a dtype the kernel does not take)."""
+        from ..native import cpu_ops
+
+        kv = self.cache
+        if not cpu_ops.enabled_all() or kv.compute_device(key).type != "cpu":
+            return None
+        batch = p.memo.get("native", False)
+        if batch is False:
+            batch = p.memo["native"] = self._native_batch(p)
+        if batch is None:
+            return None
+        stores = kv.claim_write(key, batch.slots, k)  # the cache's flat K/V stores; the kernel stores k/v itself
+        if stores is None:
+            return None
+        kv.release_claim()  # no kv.write follows: nothing to skip
+        return cpu_ops.paged_decode(q, k, v, stores[0], stores[1], batch, scale)
 
     def _decode(self, key: int, p: _Plan, q: torch.Tensor, sdev: torch.device, cdev: torch.device, causal: bool,
                 scale: float, window: int | None, softcap: float | None, bias_fn: BiasFn | None) -> torch.Tensor:

@@ -64,6 +64,12 @@ def add_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, eps: flo
                 weight_in_float: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(a + b, rmsnorm(a + b))`` in one kernel for same-shape, same-dtype float tensors with contiguous rows
     (last dim normalized); None: not served (the caller runs the torch path)."""
+    if a.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        # CPU: one native call, bit for bit the torch ops (inferflow/native/cpu_ops.py); $INFERFLOW_FUSE_ADD_NORM
+        # was honoured when the links were made (fuse_add_norms)
+        from ..native import cpu_ops
+
+        return cpu_ops.add_rmsnorm(a, b, weight, eps, offset, weight_in_float)
     if (not enabled() or a.shape != b.shape or a.dtype != b.dtype or not a.is_floating_point() or a.dim() < 1
             or a.device != b.device or weight.device != a.device or not _served(a) or weight.dim() != 1
             or weight.shape[0] != a.shape[-1] or weight.dtype != a.dtype  # torch rounds w to the dtype first

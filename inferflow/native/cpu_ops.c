@@ -1,0 +1,331 @@
+/* The small non-GEMV ops of a CPU decode step as one C call each (inferflow/native/cpu_ops.py drives them).
+ *
+ * At batch 1 a layer's RMSNorms, residual adds, RoPE, K/V cache write, paged attention and SiLU*mul are ~40 tiny
+ * torch ops of a few microseconds each; here each is one call. Element types: 0 = float32, 1 = bfloat16 (math in
+ * float32, rounded to bfloat16 where the torch composition rounds). Every output element is computed by one thread
+ * in a fixed order, so results do not depend on the batch size, the other rows or the thread count (a sequence
+ * decodes to the same tokens alone or in a batch). Plain C the compiler vectorises, plus AVX-512 intrinsics for
+ * attention's dot product (same sums in the same order as its portable version).
+ */
+#include <math.h>
+#include <stdint.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+#define STACK_FLOATS 4096
+
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch's float -> bfloat16 */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float rnd(float f, int dt) { return dt ? bf2f(f2bf(f)) : f; }
+
+static void round_row(float *a, int64_t n) {  /* to bfloat16 and back, in place */
+    for (int64_t i = 0; i < n; i++) a[i] = bf2f(f2bf(a[i]));
+}
+
+static void load_row(int dt, const void *src, float *dst, int64_t n) {
+    if (dt == 0) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf2f(s[i]);
+    }
+}
+
+static void store_row(int dt, const float *src, void *dst, int64_t n) {
+    if (dt == 0) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else {
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = f2bf(src[i]);
+    }
+}
+
+static inline size_t esize(int dt) { return dt ? 2 : 4; }
+
+/* sum of a[i] * b[i] in a fixed order: 16 lane partial sums, then the lanes as a halving tree (a few shuffles,
+ * not 15 dependent adds: this runs once per key and head in attention) */
+static inline float dot(const float *a, const float *b, int64_t n) {
+#ifdef __AVX512F__
+    /* the same sums in the same order as the portable loop below, in registers (GCC does not vectorise it well) */
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
+    }
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+#else
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) acc[i % LANES] += a[i] * b[i];
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+#endif
+}
+
+/* exp(x) (Cephes' expf: ~1 ulp), branch-free so loops over it vectorise */
+static inline float vexp(float x) {
+    x = x < -87.3f ? -87.3f : x;  /* ternaries, not fminf/fmaxf: those do not vectorise */
+    x = x > 88.3f ? 88.3f : x;
+    /* n = rint(x / ln 2) by the 1.5 * 2^23 trick (floorf does not vectorise without -fno-trapping-math) */
+    float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - fx * 0.693359375f;
+    r = r - fx * -2.12194440e-4f;
+    float z = r * r;
+    float y = ((((1.9875691500E-4f * r + 1.3981999507E-3f) * r + 8.3334519073E-3f) * r + 4.1665795894E-2f) * r
+               + 1.6666665459E-1f) * r + 5.0000001201E-1f;
+    y = y * z + r + 1.0f;
+    int32_t e = ((int32_t)fx + 127) << 23;
+    float p;
+    memcpy(&p, &e, 4);
+    return y * p;
+}
+
+/* softmax of s[0..L) in place, float32; fixed summation order (16 lanes, then left to right) */
+static void softmax_row(float *restrict s, int64_t L) {
+    float mx[LANES], acc[LANES] = {0};
+    for (int j = 0; j < LANES; j++) mx[j] = -INFINITY;
+    int64_t t = 0;
+    for (; t + LANES <= L; t += LANES)
+        for (int j = 0; j < LANES; j++) mx[j] = s[t + j] > mx[j] ? s[t + j] : mx[j];
+    for (; t < L; t++) mx[0] = s[t] > mx[0] ? s[t] : mx[0];
+    float m = mx[0];
+    for (int j = 1; j < LANES; j++) m = mx[j] > m ? mx[j] : m;
+    for (t = 0; t < L; t++) s[t] = vexp(s[t] - m);
+    for (t = 0; t + LANES <= L; t += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += s[t + j];
+    for (; t < L; t++) acc[t % LANES] += s[t];
+    float sum = 0.f;
+    for (int j = 0; j < LANES; j++) sum += acc[j];
+    float inv = 1.0f / sum;
+    for (t = 0; t < L; t++) s[t] *= inv;
+}
+
+static int ceil_log2(int64_t x) {
+    if (x <= 2) return 1;
+    int b = 0;
+    for (uint64_t v = (uint64_t)(x - 1); v; v >>= 1) b++;
+    return b;
+}
+
+/* sum of x[i]^2 in exactly the order of torch's CPU sum (aten/src/ATen/native/cpu/SumKernel.cpp, cascade_sum over
+ * a contiguous row, W float lanes per vector: 8 on x86, whose sum runs its AVX2 build even under AVX-512; 1 when
+ * the row is shorter than a vector): four interleaved vector accumulators summed in cascade levels of 16 steps, the
+ * four combined, then the scalar tail and the lanes left to right. Matching it makes the norm bit for bit torch's
+ * x.pow(2).mean(). */
+static float torch_sumsq(const float *x, int64_t n, int W) {
+    enum { ILP = 4, LEVELS = 4, MAXW = 16 };
+    if (n < W) W = 1;
+    int64_t nvec = n / W, rows = nvec / ILP;
+    int lp = ceil_log2(rows) / LEVELS;
+    if (lp < 4) lp = 4;
+    int64_t step = (int64_t)1 << lp, lmask = step - 1;
+    float acc[LEVELS][ILP][MAXW];
+    memset(acc, 0, sizeof(acc));
+    int64_t i = 0;
+    while (i + step <= rows) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < ILP; k++) {
+                const float *v = x + (i * ILP + k) * W;
+                for (int l = 0; l < W; l++) acc[0][k][l] += v[l] * v[l];
+            }
+        for (int j = 1; j < LEVELS; j++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < W; l++) { acc[j][k][l] += acc[j - 1][k][l]; acc[j - 1][k][l] = 0.f; }
+            if (i & (lmask << (j * lp))) break;
+        }
+    }
+    for (; i < rows; i++)
+        for (int k = 0; k < ILP; k++) {
+            const float *v = x + (i * ILP + k) * W;
+            for (int l = 0; l < W; l++) acc[0][k][l] += v[l] * v[l];
+        }
+    for (int j = 1; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < W; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t r = rows * ILP; r < nvec; r++)  /* vectors left over from the four-way split */
+        for (int l = 0; l < W; l++) acc[0][0][l] += x[r * W + l] * x[r * W + l];
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < W; l++) acc[0][0][l] += acc[0][k][l];
+    float s = 0.f;
+    for (int64_t t = nvec * W; t < n; t++) s += x[t] * x[t];
+    for (int l = 0; l < W; l++) s += acc[0][0][l];
+    return s;
+}
+
+/* y = rmsnorm(x) * (w + offset) per row of D, as components/norms.py: weight_in_float multiplies in float32,
+ * else the normalized row and the weight are both rounded to the dtype first (HF llama). x rows at stride sx
+ * (elements); y contiguous; w of type wdt; lanes: torch's float vector width (torch_sumsq). */
+void cpu_rmsnorm(int dt, const void *x, int64_t sx, const void *w, int wdt, void *y, int64_t rows, int64_t D,
+                 float eps, float offset, int weight_in_float, int lanes, int nt) {
+    int par = nt > 1 && rows * D >= 65536;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+    for (int64_t r = 0; r < rows; r++) {
+        float sbuf[STACK_FLOATS], wbuf[STACK_FLOATS];
+        float *h = D <= STACK_FLOATS ? sbuf : malloc((size_t)D * 4);
+        float *wf = D <= STACK_FLOATS ? wbuf : malloc((size_t)D * 4);
+        load_row(dt, (const char *)x + (size_t)(r * sx) * esize(dt), h, D);
+        load_row(wdt, w, wf, D);
+        float inv = 1.0f / sqrtf(torch_sumsq(h, D, lanes) / (float)D + eps);  /* torch: sum, div_(D), + eps, rsqrt */
+        if (weight_in_float || dt == 0) {
+            for (int64_t i = 0; i < D; i++) h[i] = h[i] * inv * (wf[i] + offset);
+        } else {
+            for (int64_t i = 0; i < D; i++) h[i] = rnd(wf[i] + offset, dt) * rnd(h[i] * inv, dt);
+        }
+        store_row(dt, h, (char *)y + (size_t)(r * D) * esize(dt), D);
+        if (h != sbuf) { free(h); free(wf); }
+    }
+}
+
+/* s = a + b (rounded to the dtype, as torch's add) and y = rmsnorm(s) as cpu_rmsnorm, per contiguous row of D:
+ * a pre-norm layer's residual add and the next norm in one call (model/fuse_add_norm.py) */
+void cpu_add_rmsnorm(int dt, const void *a, const void *b, const void *w, int wdt, void *s, void *y, int64_t rows,
+                     int64_t D, float eps, float offset, int weight_in_float, int lanes, int nt) {
+    int par = nt > 1 && rows * D >= 65536;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+    for (int64_t r = 0; r < rows; r++) {
+        float hb[STACK_FLOATS], bb[STACK_FLOATS], wb[STACK_FLOATS];
+        int big = D > STACK_FLOATS;
+        float *h = big ? malloc((size_t)D * 4) : hb, *u = big ? malloc((size_t)D * 4) : bb;
+        float *wf = big ? malloc((size_t)D * 4) : wb;
+        size_t off = (size_t)(r * D) * esize(dt);
+        load_row(dt, (const char *)a + off, h, D);
+        load_row(dt, (const char *)b + off, u, D);
+        for (int64_t i = 0; i < D; i++) h[i] += u[i];
+        if (dt) round_row(h, D);
+        store_row(dt, h, (char *)s + off, D);
+        load_row(wdt, w, wf, D);
+        float inv = 1.0f / sqrtf(torch_sumsq(h, D, lanes) / (float)D + eps);
+        if (weight_in_float || dt == 0) {
+            for (int64_t i = 0; i < D; i++) h[i] = h[i] * inv * (wf[i] + offset);
+        } else {
+            for (int64_t i = 0; i < D; i++) h[i] = rnd(wf[i] + offset, dt) * rnd(h[i] * inv, dt);
+        }
+        store_row(dt, h, (char *)y + off, D);
+        if (big) { free(h); free(u); free(wf); }
+    }
+}
+
+/* out = silu(g) * u per row of I (silu rounded to the dtype first, as torch's silu then mul) */
+void cpu_silu_mul(int dt, const void *g, int64_t sg, const void *u, int64_t su, void *out, int64_t rows, int64_t I,
+                  int nt) {
+#define CH 1024  /* column chunks: rows x chunks tasks, each element written once */
+    int64_t nch = (I + CH - 1) / CH;
+    int par = nt > 1 && rows * I >= 32768;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+    for (int64_t t = 0; t < rows * nch; t++) {
+        int64_t r = t / nch, c0 = (t % nch) * CH, n = I - c0 < CH ? I - c0 : CH;
+        float a[CH], b[CH];
+        load_row(dt, (const char *)g + (size_t)(r * sg + c0) * esize(dt), a, n);
+        load_row(dt, (const char *)u + (size_t)(r * su + c0) * esize(dt), b, n);
+        for (int64_t i = 0; i < n; i++) a[i] = a[i] / (1.0f + vexp(-a[i]));
+        if (dt) round_row(a, n);
+        for (int64_t i = 0; i < n; i++) a[i] *= b[i];
+        store_row(dt, a, (char *)out + (size_t)(r * I + c0) * esize(dt), n);
+    }
+}
+
+/* Rotate-half RoPE of heads x[n, h, :D] (row stride sxn, head stride sxh, elements) into contiguous out [N, H, D]:
+ * out = x * cos + roll(x, D/2) * ssin with ssin = [-sin | sin] (components/rope.py's table form), each product and
+ * the sum rounded to the dtype as torch's mul/mul/add. cos/ssin rows [N, D] at stride sc. */
+void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_t H, int64_t D, const void *cs,
+              const void *ss, int64_t sc, void *out) {
+    int64_t half = D / 2;
+    float xb[STACK_FLOATS], cb[STACK_FLOATS], sb[STACK_FLOATS], ob[STACK_FLOATS];
+    if (D > STACK_FLOATS) return;
+    for (int64_t n = 0; n < N; n++) {
+        load_row(dt, (const char *)cs + (size_t)(n * sc) * esize(dt), cb, D);
+        load_row(dt, (const char *)ss + (size_t)(n * sc) * esize(dt), sb, D);
+        for (int64_t h = 0; h < H; h++) {
+            load_row(dt, (const char *)x + (size_t)(n * sxn + h * sxh) * esize(dt), xb, D);
+            for (int64_t i = 0; i < half; i++) {
+                ob[i] = rnd(rnd(xb[i] * cb[i], dt) + rnd(xb[i + half] * sb[i], dt), dt);
+                ob[i + half] = rnd(rnd(xb[i + half] * cb[i + half], dt) + rnd(xb[i] * sb[i + half], dt), dt);
+            }
+            store_row(dt, ob, (char *)out + (size_t)((n * H + h) * D) * esize(dt), D);
+        }
+    }
+}
+
+/* One decode step of attention for B sequences over the paged cache, in place.
+ * q [B, H, D] (row stride sq, heads contiguous); knew/vnew [B, Hkv, D] (row strides skn/svn, heads contiguous) are
+ * first stored at slots[b] of the flat caches kc/vc [S, Hkv, D] (S = blocks * bs; knew NULL: already stored); then
+ * query b attends to its first lens[b] keys, slot of key t = tables[b * tstride + t / bs] * bs + t % bs. GQA: q
+ * head h reads kv head h / (H / Hkv). Scores and softmax in float32; out [B, H, D] in the dtype. One task per
+ * (sequence, kv head), each summing in key order. */
+void cpu_paged_decode(int dt, const void *q, int64_t sq, const void *knew, int64_t skn, const void *vnew,
+                      int64_t svn, void *kc, void *vc, const int64_t *slots, const int64_t *tables, int64_t tstride,
+                      const int64_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
+                      void *out, int nt) {
+    size_t es = esize(dt), row = (size_t)(Hkv * D) * es;
+    if (knew != NULL) {
+        for (int64_t b = 0; b < B; b++) {
+            memcpy((char *)kc + (size_t)slots[b] * row, (const char *)knew + (size_t)(b * skn) * es, row);
+            memcpy((char *)vc + (size_t)slots[b] * row, (const char *)vnew + (size_t)(b * svn) * es, row);
+        }
+    }
+    int64_t rep = H / Hkv, work = 0;
+    for (int64_t b = 0; b < B; b++) work += lens[b];
+    /* threads only for long contexts: a fork/join costs microseconds (milliseconds on an oversubscribed machine) */
+    int par = nt > 1 && B * Hkv > 1 && work * H * D >= (1 << 20);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
+    for (int64_t task = 0; task < B * Hkv; task++) {
+        int64_t b = task / Hkv, kh = task % Hkv, L = lens[b];
+        const int64_t *tab = tables + b * tstride;
+        float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4);
+        float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
+        load_row(dt, (const char *)q + (size_t)(b * sq + kh * rep * D) * es, qf, rep * D);
+        for (int64_t t0 = 0; t0 < L; t0 += bs) {  /* block by block: slot = block id * bs + offset */
+            int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
+            for (int64_t o = 0; o < n; o++) {
+                const char *kp = (const char *)kc + (size_t)(((base + o) * Hkv + kh) * D) * es;
+                const float *kr = (const float *)kp;
+                if (dt) { load_row(dt, kp, kv, D); kr = kv; }
+                for (int64_t g = 0; g < rep; g++) sc[g * L + t0 + o] = dot(qf + g * D, kr, D) * scale;
+            }
+        }
+        for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * L, L);
+        memset(acc, 0, (size_t)(rep * D) * 4);
+        for (int64_t t0 = 0; t0 < L; t0 += bs) {
+            int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
+            for (int64_t o = 0; o < n; o++) {
+                const char *vp = (const char *)vc + (size_t)(((base + o) * Hkv + kh) * D) * es;
+                const float *vr = (const float *)vp;
+                if (dt) { load_row(dt, vp, kv, D); vr = kv; }
+                for (int64_t g = 0; g < rep; g++) {
+                    float p = sc[g * L + t0 + o], *a = acc + g * D;
+                    for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
+                }
+            }
+        }
+        store_row(dt, acc, (char *)out + (size_t)((b * H + kh * rep) * D) * es, rep * D);
+        free(qf);
+    }
+}
