@@ -59,4 +59,9 @@ def triton_interpreter(monkeypatch):
 def no_native(monkeypatch):
     """Native CPU kernels off ($INFERFLOW_NATIVE=0) for this test: it covers the torch paths that run where the
     kernels cannot be built (quant/cpu_kernels.py falls back to them)."""
+    from inferflow.native import float_linear
+
     monkeypatch.setenv("INFERFLOW_NATIVE", "0")
+    float_linear.reset()  # it binds the library once: re-read the switch now and again after the test
+    yield
+    float_linear.reset()

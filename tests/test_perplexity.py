@@ -93,7 +93,9 @@ def _reference_nll(model, ids, ctx, stride, llamacpp=False, bos=None):
 
 
 @pytest.mark.parametrize("ctx,stride", [(64, 64), (64, 24), (50, 17)])
-def test_strided_nll_sum_exact(ref_and_model, ids, ctx, stride):
+def test_strided_nll_sum_exact(ref_and_model, ids, ctx, stride, no_native):
+    # bit-equal sums need the same GEMM for the scored rows as for the full window: the native kernels take calls
+    # of <= 16 rows (the head over a short window's scored rows) and round differently from the torch GEMM
     _, m, _ = ref_and_model
     r = perplexity(m, ids, ctx=ctx, stride=stride)
     total, count = _reference_nll(m, ids, ctx, stride)
