@@ -65,3 +65,16 @@ def no_native(monkeypatch):
     float_linear.reset()  # it binds the library once: re-read the switch now and again after the test
     yield
     float_linear.reset()
+
+
+@pytest.fixture
+def torch_ops(monkeypatch):
+    """The torch paths of a CPU decode step's attention and RoPE ($INFERFLOW_NATIVE_OPS=0): for tests that look at
+    those paths' internal calls (the native ops replace them; tests/test_native_ops.py covers those)."""
+    from inferflow.native import cpu_ops
+
+    monkeypatch.setenv("INFERFLOW_NATIVE_OPS", "0")
+    cpu_ops.refresh()
+    yield
+    monkeypatch.delenv("INFERFLOW_NATIVE_OPS")
+    cpu_ops.refresh()

@@ -66,7 +66,7 @@ def _cache_with(lens, hkv=2, d=8, seed=0, consecutive=False):
 
 @pytest.mark.parametrize("lens,consecutive", [((9, 14, 6), False), ((5, 5), False), ((11,), False), ((11,), True),
                                               ((12,), True), ((3,), True)])
-def test_decode_step_equals_bool_mask_attention(lens, consecutive, monkeypatch):
+def test_decode_step_equals_bool_mask_attention(lens, consecutive, monkeypatch, torch_ops):
     """Pure decode rows (ragged, uniform and a lone one): the float key mask built once per forward and the batched
     call give exactly the per-call bool-mask attention over the same gathered keys; a lone sequence in consecutive
     blocks reads its keys in place (no gather) with the same result."""
@@ -117,7 +117,7 @@ def test_fused_projections_on_cpu_are_exact(tmp_path: Path):
     assert (logits[0] - logits[1]).abs().max() <= 1e-5 * logits[0].abs().max()
 
 
-def test_fused_qk_rotation_in_one_pass_is_exact(tmp_path: Path, monkeypatch):
+def test_fused_qk_rotation_in_one_pass_is_exact(tmp_path: Path, monkeypatch, torch_ops):
     """With fused q/k/v, q and k heads rotate as one tensor: the same logits bit for bit (ragged batch, incremental
     through the cache, and a paged engine's decode tokens) as rotating them separately."""
     from inferflow.engine import Engine, EngineConfig, SamplingParams

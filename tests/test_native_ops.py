@@ -196,14 +196,19 @@ def test_default_model_tokens_equal_native_on_off(native):
     assert outs[True] == outs[False]
 
 
-def test_default_mode_runs_the_exact_ops_only(monkeypatch):
-    monkeypatch.delenv(cpu_ops.ENV, raising=False)
+@pytest.mark.parametrize("value,exact_only,all_ops", [(None, True, True), ("norms", True, False), ("0", False, False)])
+def test_modes_choose_the_ops(monkeypatch, value, exact_only, all_ops):
+    if value is None:
+        monkeypatch.delenv(cpu_ops.ENV, raising=False)  # the default: every native op
+    else:
+        monkeypatch.setenv(cpu_ops.ENV, value)
     cpu_ops.refresh()
     try:
-        assert cpu_ops.enabled() and not cpu_ops.enabled_all()
+        assert cpu_ops.enabled() == exact_only and cpu_ops.enabled_all() == all_ops
         x = torch.randn(2, 16, 8)
         cos = torch.randn(2, 1, 8)
-        assert cpu_ops.rope(x, cos, cos) is None and cpu_ops.rmsnorm(x[:, 0], torch.ones(8), 1e-6) is not None
+        assert (cpu_ops.rope(x, cos, cos) is not None) == all_ops
+        assert (cpu_ops.rmsnorm(x[:, 0], torch.ones(8), 1e-6) is not None) == exact_only
     finally:
         cpu_ops.refresh()
 

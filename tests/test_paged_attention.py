@@ -302,7 +302,7 @@ def test_backend_matches_dense(causal, window, softcap, bias, hkv):
             done[i] += take[i]
 
 
-def test_pure_decode_is_one_attention_call_per_layer(llama, monkeypatch):
+def test_pure_decode_is_one_attention_call_per_layer(llama, monkeypatch, torch_ops):
     import inferflow.engine.paged_backend as pb
 
     m = llama

@@ -6,10 +6,10 @@ wake-up): ~39 ops per layer besides the GEMVs on SmolLM2-135M, several milliseco
 once those are native. Each function returns None where it does not serve (a dtype other than float32/bfloat16, a
 layout it does not take, native ops off): the caller then runs its torch path.
 
-``$INFERFLOW_NATIVE_OPS``: unset, RMSNorm, add + RMSNorm (bit for bit the torch ops: torch's summation order is
-reproduced) and SiLU*mul (float rounding apart) run natively; ``1`` adds RoPE (bit for bit) and the paged decode
-attention (float32 softmax: float rounding apart from SDPA); ``0`` none (``INFERFLOW_NATIVE=0``: no native kernel
-at all). Every result is independent of the batch and the thread count (each output summed in a fixed order).
+``$INFERFLOW_NATIVE_OPS``: unset (or ``1``), all of them: RMSNorm, add + RMSNorm (bit for bit the torch ops:
+torch's summation order is reproduced), SiLU*mul (float rounding apart), RoPE (bit for bit) and the paged decode
+attention (float32 softmax: float rounding apart from SDPA); ``norms``: only the first three; ``0`` none
+(``INFERFLOW_NATIVE=0``: no native kernel at all). Every result is independent of the batch and the thread count (each output summed in a fixed order).
 """
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def _lib() -> ctypes.CDLL | None:
 
 
 def _mode() -> int:
-    """0: off, 1: the ops that equal their torch paths bit for bit or nearly (RMSNorm, SiLU*mul), 2: all."""
+    """0: off, 1: the ops that equal their torch paths bit for bit or nearly (RMSNorm, SiLU*mul), 2: all (default)."""
     mode = _state.get("mode")
     if mode is None:
         v = os.environ.get(ENV, "").strip().lower()
-        mode = 0 if v in ("0", "false", "off", "no") else 2 if v in ("1", "true", "on", "yes", "all") else 1
+        mode = 0 if v in ("0", "false", "off", "no") else 1 if v == "norms" else 2
         _state["mode"] = mode = mode if _lib() is not None else 0
     return mode  # type: ignore[return-value]
 
@@ -61,8 +61,8 @@ def enabled() -> bool:
 
 
 def enabled_all() -> bool:
-    """Whether RoPE and the paged decode attention run natively too: with ``$INFERFLOW_NATIVE_OPS=1``. Not yet by
-    default: existing tests count the torch path's internal calls (attention_core, gathers, rotate_heads)."""
+    """Whether RoPE and the paged decode attention run natively too (unless ``$INFERFLOW_NATIVE_OPS`` is 0 or
+    ``norms``)."""
     return _mode() > 1
 
 
