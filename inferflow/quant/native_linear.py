@@ -78,21 +78,28 @@ def _rows(blocks: torch.Tensor) -> int:
     return blocks.stride(0)
 
 
-def gemv(blocks: torch.Tensor, qtype: int, shape: tuple[int, int], x: torch.Tensor,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T (+ bias)`` for float32 ``x`` [M, K] (any leading dims flattened by the caller) and ``W`` the
-    ggml blocks [N, row_bytes]: float32 [M, N]."""
+def _operands(shape: tuple[int, int], x: torch.Tensor, bias: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x as contiguous float32 rows, the float32 output [M, N], the bias as contiguous float32."""
     n, k = shape
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"native ggml GEMV: x must be [M, {k}], got {list(x.shape)}")
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
-    m = x.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)
-    if m == 0:
-        return y
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.float().contiguous()
+    return x, torch.empty(x.shape[0], n, dtype=torch.float32), bias
+
+
+def gemv(blocks: torch.Tensor, qtype: int, shape: tuple[int, int], x: torch.Tensor,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` for float32 ``x`` [M, K] (any leading dims flattened by the caller) and ``W`` the
+    ggml blocks [N, row_bytes]: float32 [M, N]."""
+    n, k = shape
+    x, y, bias = _operands(shape, x, bias)
+    m = x.shape[0]
+    if m == 0:
+        return y
     rc = _lib().ggml_gemv(qtype, blocks.data_ptr(), _rows(blocks), x.data_ptr(), x.stride(0), y.data_ptr(), n,
                           None if bias is None else bias.data_ptr(), m, n, k, native.threads(), _simd)
     if rc:
@@ -115,17 +122,11 @@ def gemv_q8x(blocks: torch.Tensor, qtype: int, shape: tuple[int, int], x: torch.
     """As :func:`gemv`, with ``x`` quantized to int8 per 32-block first and integer dot products (llama.cpp's
     arithmetic: within ~1e-2 relative of the exact product, not exact). Q4_0 / Q4_1 / Q8_0 with VNNI only."""
     n, k = shape
-    if x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"native ggml GEMV: x must be [M, {k}], got {list(x.shape)}")
-    if x.dtype != torch.float32 or x.stride(-1) != 1:
-        x = x.float().contiguous()
+    x, y, bias = _operands(shape, x, bias)
     m = x.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)
     if m == 0:
         return y
     scratch = torch.empty(m * k + 8 * m * (k // 32), dtype=torch.uint8)
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.float().contiguous()
     rc = _lib().ggml_gemv_q8x(qtype, blocks.data_ptr(), _rows(blocks), x.data_ptr(), x.stride(0), y.data_ptr(), n,
                               None if bias is None else bias.data_ptr(), m, n, k, native.threads(),
                               scratch.data_ptr())
