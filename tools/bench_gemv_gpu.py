@@ -125,7 +125,7 @@ def e2e(rounds: int, new_tokens: int) -> dict:
     import tempfile
 
     import transformers
-    from bench_gpu_ours import load_shared  # tools/: the script's folder
+    from bench_gpu_ours import graph_gpu_ms, load_shared  # tools/: the script's folder
 
     from inferflow.engine import Engine, EngineConfig, SamplingParams
 
@@ -175,17 +175,7 @@ def e2e(rounds: int, new_tokens: int) -> dict:
             t, toks[k] = decode(eng, new_tokens)
             tps[k].append(t)
         log(f"round {r + 1}: " + " ".join(f"{k} {v[-1]:.1f} tok/s" for k, v in tps.items()))
-    replay = {}
-    for k, eng in engines.items():
-        g = eng.runner.graphs._graphs.get(1) if getattr(eng.runner, "graphs", None) is not None else None
-        if g is not None:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(20):
-                g[0].replay()
-            e.record()
-            torch.cuda.synchronize()
-            replay[k] = s.elapsed_time(e) / 20
+    replay = {k: ms for k, eng in engines.items() for ms in graph_gpu_ms(eng, [1]).values()}
     same = next((i for i, (a, b) in enumerate(zip(toks["cublas"], toks["triton"])) if a != b), len(toks["triton"]))
     res = {"tok_s": {k: statistics.median(v) for k, v in tps.items()}, "samples": tps, "replay_ms": replay,
            "leading_tokens_same": same, "of": len(toks["triton"])}
