@@ -189,6 +189,17 @@ INLINE void kquant_scales(const int qt, const uint8_t *row, int64_t s0, int n, f
     }
 }
 
+/* A 32-weight legacy block's start, scale d and offset c (weight = q d + c): a _0 type's c is -zero d ((q - zero) d
+   = q d - zero d: exact), a _1 type stores c as its f16 min after d; dc: both precomputed per block. */
+INLINE const uint8_t *block_dc(const uint8_t *row, int64_t sb, int bb, int has_min, float zero, const float *dc,
+                               __m512 *d, __m512 *c) {
+    const uint8_t *b = row + sb * bb;
+    const float df = dc ? dc[0] : f16(b);
+    *d = _mm512_set1_ps(df);
+    *c = _mm512_set1_ps(dc ? dc[1] : has_min ? f16(b + 2) : -zero * df);
+    return b;
+}
+
 INLINE void decode32(const int qt, const uint8_t *row, int64_t sb, const float *dc, __m512 *lo, __m512 *hi) {
     const __m512i m4 = _mm512_set1_epi32(0xF);
     if (qt == Q8_0) {
@@ -197,12 +208,9 @@ INLINE void decode32(const int qt, const uint8_t *row, int64_t sb, const float *
         *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
         *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
     } else if (qt == Q4_0 || qt == Q4_1) {
-        const int bb = qt == Q4_0 ? 18 : 20, off = qt == Q4_0 ? 2 : 4;
-        const uint8_t *b = row + sb * bb;
-        const float df = dc ? dc[0] : f16(b);
-        const __m512 d = _mm512_set1_ps(df);
-        /* (q - 8) d = q d - 8 d: exact */
-        const __m512 c = _mm512_set1_ps(dc ? dc[1] : qt == Q4_0 ? -8.0f * df : f16(b + 2));
+        __m512 d, c;
+        const uint8_t *b = block_dc(row, sb, qt == Q4_0 ? 18 : 20, qt == Q4_1, 8.0f, dc, &d, &c);
+        const int off = qt == Q4_0 ? 2 : 4;
         /* the block's 16 possible weights, q d + c for q = 0..15 (exact as above), then a table lookup per lane:
            vpermps reads only an index's low 4 bits, so the low nibble needs no mask (fewer ops than converting) */
         const __m512 tbl = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d, c);
@@ -210,11 +218,9 @@ INLINE void decode32(const int qt, const uint8_t *row, int64_t sb, const float *
         *lo = _mm512_permutexvar_ps(v, tbl);
         *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
     } else if (qt == Q5_0 || qt == Q5_1) {
-        const int bb = qt == Q5_0 ? 22 : 24, hoff = qt == Q5_0 ? 2 : 4;
-        const uint8_t *b = row + sb * bb;
-        const float df = dc ? dc[0] : f16(b);
-        const __m512 d = _mm512_set1_ps(df);
-        const __m512 c = _mm512_set1_ps(dc ? dc[1] : qt == Q5_0 ? -16.0f * df : f16(b + 2));
+        __m512 d, c;
+        const uint8_t *b = block_dc(row, sb, qt == Q5_0 ? 22 : 24, qt == Q5_1, 16.0f, dc, &d, &c);
+        const int hoff = qt == Q5_0 ? 2 : 4;
         uint32_t qh;
         memcpy(&qh, b + hoff, 4);
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + hoff + 4)));
@@ -268,6 +274,19 @@ INLINE void decode32(const int qt, const uint8_t *row, int64_t sb, const float *
         const float dl0 = dc ? dc[0] : df * (float)sc[2 * k], dl1 = dc ? dc[1] : df * (float)sc[2 * k + 1];
         *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l0, s32)), _mm512_set1_ps(dl0));
         *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l1, s32)), _mm512_set1_ps(dl1));
+    }
+}
+
+/* decode32 for a run-time type: a constant qt per branch, so each call inlines a specialised decoder */
+INLINE void decode32_any(const int qt, const uint8_t *row, int64_t sb, __m512 *lo, __m512 *hi) {
+    switch (qt) {
+    case Q4_0: decode32(Q4_0, row, sb, 0, lo, hi); break;
+    case Q4_1: decode32(Q4_1, row, sb, 0, lo, hi); break;
+    case Q5_0: decode32(Q5_0, row, sb, 0, lo, hi); break;
+    case Q5_1: decode32(Q5_1, row, sb, 0, lo, hi); break;
+    case Q8_0: decode32(Q8_0, row, sb, 0, lo, hi); break;
+    case Q4_K: decode32(Q4_K, row, sb, 0, lo, hi); break;
+    default: decode32(Q6_K, row, sb, 0, lo, hi); break;
     }
 }
 
@@ -566,15 +585,7 @@ int ggml_dequant_bf16(int qt, const uint8_t *w, int64_t rb, uint16_t *out, int64
         uint16_t *o = out + n * K;
         for (int64_t sb = 0; sb < nsb; sb++) {
             __m512 lo, hi;
-            switch (qt) {
-            case Q4_0: decode32(Q4_0, row, sb, 0, &lo, &hi); break;
-            case Q4_1: decode32(Q4_1, row, sb, 0, &lo, &hi); break;
-            case Q5_0: decode32(Q5_0, row, sb, 0, &lo, &hi); break;
-            case Q5_1: decode32(Q5_1, row, sb, 0, &lo, &hi); break;
-            case Q8_0: decode32(Q8_0, row, sb, 0, &lo, &hi); break;
-            case Q4_K: decode32(Q4_K, row, sb, 0, &lo, &hi); break;
-            default: decode32(Q6_K, row, sb, 0, &lo, &hi); break;
-            }
+            decode32_any(qt, row, sb, &lo, &hi);
             _mm256_storeu_si256((__m256i *)(o + sb * 32), (__m256i)_mm512_cvtneps_pbh(lo));
             _mm256_storeu_si256((__m256i *)(o + sb * 32 + 16), (__m256i)_mm512_cvtneps_pbh(hi));
         }
@@ -603,15 +614,7 @@ int ggml_dequant(int qt, const uint8_t *w, int64_t rb, float *out, int64_t N, in
             if (simd) {
 #ifdef __AVX512F__
                 __m512 lo, hi;
-                switch (qt) {  /* constant qt per branch: the decoder inlines specialised */
-                case Q4_0: decode32(Q4_0, row, sb, 0, &lo, &hi); break;
-                case Q4_1: decode32(Q4_1, row, sb, 0, &lo, &hi); break;
-                case Q5_0: decode32(Q5_0, row, sb, 0, &lo, &hi); break;
-                case Q5_1: decode32(Q5_1, row, sb, 0, &lo, &hi); break;
-                case Q8_0: decode32(Q8_0, row, sb, 0, &lo, &hi); break;
-                case Q4_K: decode32(Q4_K, row, sb, 0, &lo, &hi); break;
-                default: decode32(Q6_K, row, sb, 0, &lo, &hi); break;
-                }
+                decode32_any(qt, row, sb, &lo, &hi);
                 _mm512_storeu_ps(o + sb * 32, lo);
                 _mm512_storeu_ps(o + sb * 32 + 16, hi);
 #endif
