@@ -40,6 +40,7 @@ class EngineConfig:
     async_scheduling: bool | None = None   # overlap host work with pure-decode steps (overlap.py); None: CUDA only
     fuse_projections: bool | None = None   # q/k/v and gate/up as one GEMM each; None: on (CPU and CUDA)
     fuse_add_norm: bool | None = None      # residual add + next RMSNorm as one kernel; None: on CUDA only
+    native_decode: bool | None = None      # CPU decode steps as one native program (model/native_decode.py); None: on
 
     def __post_init__(self) -> None:
         def bad(key: str, want: str) -> InferflowError:

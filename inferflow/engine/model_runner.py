@@ -42,6 +42,13 @@ class ModelRunner:
             from ..model.fuse_add_norm import fuse_add_norms  # imports Triton: only when asked for
 
             fuse_add_norms(model.net)  # no-op with $INFERFLOW_FUSE_ADD_NORM=0
+        # a CPU decode step as one native call (model/native_decode.py), where every step of the model lowers
+        self.native = None
+        if (config is not None and self.device.type == "cpu" and getattr(config, "native_decode", None) is not False
+                and not self.encoder_decoder and not config.host_embeddings):
+            from ..model.native_decode import NativeDecoder
+
+            self.native = NativeDecoder.build(model, cache)
         # static decode steps on CUDA (graph replays, or eager with cuda_graphs off: still the Triton paged kernel);
         # not for encoder-decoders (per-request cross K/V), host-resident KV layers or embedding tables. Overlapped
         # decode (overlap.py) runs on them: forced on elsewhere (CPU tests), they run eagerly with torch attention
@@ -65,6 +72,10 @@ class ModelRunner:
     def forward(self, items: Sequence[tuple[Any, int, list[int], int]]) -> torch.Tensor:
         """One packed pass over ``(sequence, first position, new token ids, rows)`` items: float32 logits of each
         item's last ``rows`` tokens, in order. The ids need not be the sequence's own (speculative drafts)."""
+        nd = self.native
+        if nd is not None and len(items) <= nd.max_rows and all(len(t) == 1 and r == 1 for _, _, t, r in items):
+            return nd.decode([t[0] for _, _, t, _ in items], [s for _, s, _, _ in items],
+                             [seq.block_table for seq, *_ in items])
         bs = self.cache.block_size
         ids: list[int] = []
         positions: list[int] = []

@@ -54,8 +54,8 @@ def _build(name: str) -> Path:
     if cc is None:
         raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} is not on PATH)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    # headers next to the sources count too: a kernel may include a shared one
-    headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))
+    # the sources next to it count too: a kernel may include a shared header or another kernel (step.c)
+    headers = b"".join(h.read_bytes() for h in sorted([*_HERE.glob("*.h"), *_HERE.glob("*.c")]) if h != src)
     key = hashlib.sha256(text + headers + repr((FLAGS, cc, version)).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():

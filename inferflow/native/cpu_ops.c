@@ -182,104 +182,156 @@ static float torch_sumsq(const float *x, int64_t n, int W) {
 
 /* y = rmsnorm(x) * (w + offset) per row of D, as components/norms.py: weight_in_float multiplies in float32,
  * else the normalized row and the weight are both rounded to the dtype first (HF llama). x rows at stride sx
- * (elements); y contiguous; w of type wdt; lanes: torch's float vector width (torch_sumsq). */
+ * (elements); y contiguous; w of type wdt; lanes: torch's float vector width (torch_sumsq). rmsnorm_row: row r. */
+static void rmsnorm_row(int dt, const void *x, int64_t sx, const void *w, int wdt, void *y, int64_t r, int64_t D,
+                        float eps, float offset, int weight_in_float, int lanes) {
+    float sbuf[STACK_FLOATS], wbuf[STACK_FLOATS];
+    float *h = D <= STACK_FLOATS ? sbuf : malloc((size_t)D * 4);
+    float *wf = D <= STACK_FLOATS ? wbuf : malloc((size_t)D * 4);
+    load_row(dt, (const char *)x + (size_t)(r * sx) * esize(dt), h, D);
+    load_row(wdt, w, wf, D);
+    float inv = 1.0f / sqrtf(torch_sumsq(h, D, lanes) / (float)D + eps);  /* torch: sum, div_(D), + eps, rsqrt */
+    if (weight_in_float || dt == 0) {
+        for (int64_t i = 0; i < D; i++) h[i] = h[i] * inv * (wf[i] + offset);
+    } else {
+        for (int64_t i = 0; i < D; i++) h[i] = rnd(wf[i] + offset, dt) * rnd(h[i] * inv, dt);
+    }
+    store_row(dt, h, (char *)y + (size_t)(r * D) * esize(dt), D);
+    if (h != sbuf) { free(h); free(wf); }
+}
+
 void cpu_rmsnorm(int dt, const void *x, int64_t sx, const void *w, int wdt, void *y, int64_t rows, int64_t D,
                  float eps, float offset, int weight_in_float, int lanes, int nt) {
     int par = nt > 1 && rows * D >= 65536;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) {
-        float sbuf[STACK_FLOATS], wbuf[STACK_FLOATS];
-        float *h = D <= STACK_FLOATS ? sbuf : malloc((size_t)D * 4);
-        float *wf = D <= STACK_FLOATS ? wbuf : malloc((size_t)D * 4);
-        load_row(dt, (const char *)x + (size_t)(r * sx) * esize(dt), h, D);
-        load_row(wdt, w, wf, D);
-        float inv = 1.0f / sqrtf(torch_sumsq(h, D, lanes) / (float)D + eps);  /* torch: sum, div_(D), + eps, rsqrt */
-        if (weight_in_float || dt == 0) {
-            for (int64_t i = 0; i < D; i++) h[i] = h[i] * inv * (wf[i] + offset);
-        } else {
-            for (int64_t i = 0; i < D; i++) h[i] = rnd(wf[i] + offset, dt) * rnd(h[i] * inv, dt);
-        }
-        store_row(dt, h, (char *)y + (size_t)(r * D) * esize(dt), D);
-        if (h != sbuf) { free(h); free(wf); }
-    }
+    for (int64_t r = 0; r < rows; r++) rmsnorm_row(dt, x, sx, w, wdt, y, r, D, eps, offset, weight_in_float, lanes);
 }
 
 /* s = a + b (rounded to the dtype, as torch's add) and y = rmsnorm(s) as cpu_rmsnorm, per contiguous row of D:
- * a pre-norm layer's residual add and the next norm in one call (model/fuse_add_norm.py) */
+ * a pre-norm layer's residual add and the next norm in one call (model/fuse_add_norm.py). add_rmsnorm_row: row r. */
+static void add_rmsnorm_row(int dt, const void *a, const void *b, const void *w, int wdt, void *s, void *y, int64_t r,
+                            int64_t D, float eps, float offset, int weight_in_float, int lanes) {
+    float hb[STACK_FLOATS], bb[STACK_FLOATS], wb[STACK_FLOATS];
+    int big = D > STACK_FLOATS;
+    float *h = big ? malloc((size_t)D * 4) : hb, *u = big ? malloc((size_t)D * 4) : bb;
+    float *wf = big ? malloc((size_t)D * 4) : wb;
+    size_t off = (size_t)(r * D) * esize(dt);
+    load_row(dt, (const char *)a + off, h, D);
+    load_row(dt, (const char *)b + off, u, D);
+    for (int64_t i = 0; i < D; i++) h[i] += u[i];
+    if (dt) round_row(h, D);
+    store_row(dt, h, (char *)s + off, D);
+    load_row(wdt, w, wf, D);
+    float inv = 1.0f / sqrtf(torch_sumsq(h, D, lanes) / (float)D + eps);
+    if (weight_in_float || dt == 0) {
+        for (int64_t i = 0; i < D; i++) h[i] = h[i] * inv * (wf[i] + offset);
+    } else {
+        for (int64_t i = 0; i < D; i++) h[i] = rnd(wf[i] + offset, dt) * rnd(h[i] * inv, dt);
+    }
+    store_row(dt, h, (char *)y + off, D);
+    if (big) { free(h); free(u); free(wf); }
+}
+
 void cpu_add_rmsnorm(int dt, const void *a, const void *b, const void *w, int wdt, void *s, void *y, int64_t rows,
                      int64_t D, float eps, float offset, int weight_in_float, int lanes, int nt) {
     int par = nt > 1 && rows * D >= 65536;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) {
-        float hb[STACK_FLOATS], bb[STACK_FLOATS], wb[STACK_FLOATS];
-        int big = D > STACK_FLOATS;
-        float *h = big ? malloc((size_t)D * 4) : hb, *u = big ? malloc((size_t)D * 4) : bb;
-        float *wf = big ? malloc((size_t)D * 4) : wb;
-        size_t off = (size_t)(r * D) * esize(dt);
-        load_row(dt, (const char *)a + off, h, D);
-        load_row(dt, (const char *)b + off, u, D);
-        for (int64_t i = 0; i < D; i++) h[i] += u[i];
-        if (dt) round_row(h, D);
-        store_row(dt, h, (char *)s + off, D);
-        load_row(wdt, w, wf, D);
-        float inv = 1.0f / sqrtf(torch_sumsq(h, D, lanes) / (float)D + eps);
-        if (weight_in_float || dt == 0) {
-            for (int64_t i = 0; i < D; i++) h[i] = h[i] * inv * (wf[i] + offset);
-        } else {
-            for (int64_t i = 0; i < D; i++) h[i] = rnd(wf[i] + offset, dt) * rnd(h[i] * inv, dt);
-        }
-        store_row(dt, h, (char *)y + off, D);
-        if (big) { free(h); free(u); free(wf); }
-    }
+    for (int64_t r = 0; r < rows; r++) add_rmsnorm_row(dt, a, b, w, wdt, s, y, r, D, eps, offset, weight_in_float, lanes);
 }
 
-/* out = silu(g) * u per row of I (silu rounded to the dtype first, as torch's silu then mul) */
+/* out = silu(g) * u per row of I (silu rounded to the dtype first, as torch's silu then mul), in tasks of one
+ * row's SILU_CH columns: silu_task does task t (of rows * ceil(I / SILU_CH)), each element written once */
+#define SILU_CH 1024
+static void silu_task(int dt, const void *g, int64_t sg, const void *u, int64_t su, void *out, int64_t I, int64_t t) {
+    int64_t nch = (I + SILU_CH - 1) / SILU_CH;
+    int64_t r = t / nch, c0 = (t % nch) * SILU_CH, n = I - c0 < SILU_CH ? I - c0 : SILU_CH;
+    float a[SILU_CH], b[SILU_CH];
+    load_row(dt, (const char *)g + (size_t)(r * sg + c0) * esize(dt), a, n);
+    load_row(dt, (const char *)u + (size_t)(r * su + c0) * esize(dt), b, n);
+    for (int64_t i = 0; i < n; i++) a[i] = a[i] / (1.0f + vexp(-a[i]));
+    if (dt) round_row(a, n);
+    for (int64_t i = 0; i < n; i++) a[i] *= b[i];
+    store_row(dt, a, (char *)out + (size_t)(r * I + c0) * esize(dt), n);
+}
+
 void cpu_silu_mul(int dt, const void *g, int64_t sg, const void *u, int64_t su, void *out, int64_t rows, int64_t I,
                   int nt) {
-#define CH 1024  /* column chunks: rows x chunks tasks, each element written once */
-    int64_t nch = (I + CH - 1) / CH;
+    int64_t tasks = rows * ((I + SILU_CH - 1) / SILU_CH);
     int par = nt > 1 && rows * I >= 32768;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
-    for (int64_t t = 0; t < rows * nch; t++) {
-        int64_t r = t / nch, c0 = (t % nch) * CH, n = I - c0 < CH ? I - c0 : CH;
-        float a[CH], b[CH];
-        load_row(dt, (const char *)g + (size_t)(r * sg + c0) * esize(dt), a, n);
-        load_row(dt, (const char *)u + (size_t)(r * su + c0) * esize(dt), b, n);
-        for (int64_t i = 0; i < n; i++) a[i] = a[i] / (1.0f + vexp(-a[i]));
-        if (dt) round_row(a, n);
-        for (int64_t i = 0; i < n; i++) a[i] *= b[i];
-        store_row(dt, a, (char *)out + (size_t)(r * I + c0) * esize(dt), n);
-    }
+    for (int64_t t = 0; t < tasks; t++) silu_task(dt, g, sg, u, su, out, I, t);
 }
 
 /* Rotate-half RoPE of heads x[n, h, :D] (row stride sxn, head stride sxh, elements) into contiguous out [N, H, D]:
  * out = x * cos + roll(x, D/2) * ssin with ssin = [-sin | sin] (components/rope.py's table form), each product and
- * the sum rounded to the dtype as torch's mul/mul/add. cos/ssin rows [N, D] at stride sc. */
-void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_t H, int64_t D, const void *cs,
-              const void *ss, int64_t sc, void *out) {
+ * the sum rounded to the dtype as torch's mul/mul/add. cos/ssin rows [N, D] at stride sc. rope_head: one head. */
+static void rope_head(int dt, const void *x, const void *cs, const void *ss, int64_t D, void *out) {
     int64_t half = D / 2;
     float xb[STACK_FLOATS], cb[STACK_FLOATS], sb[STACK_FLOATS], ob[STACK_FLOATS];
+    load_row(dt, cs, cb, D);
+    load_row(dt, ss, sb, D);
+    load_row(dt, x, xb, D);
+    for (int64_t i = 0; i < half; i++) {
+        ob[i] = rnd(rnd(xb[i] * cb[i], dt) + rnd(xb[i + half] * sb[i], dt), dt);
+        ob[i + half] = rnd(rnd(xb[i + half] * cb[i + half], dt) + rnd(xb[i] * sb[i + half], dt), dt);
+    }
+    store_row(dt, ob, out, D);
+}
+
+void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_t H, int64_t D, const void *cs,
+              const void *ss, int64_t sc, void *out) {
     if (D > STACK_FLOATS) return;
-    for (int64_t n = 0; n < N; n++) {
-        load_row(dt, (const char *)cs + (size_t)(n * sc) * esize(dt), cb, D);
-        load_row(dt, (const char *)ss + (size_t)(n * sc) * esize(dt), sb, D);
-        for (int64_t h = 0; h < H; h++) {
-            load_row(dt, (const char *)x + (size_t)(n * sxn + h * sxh) * esize(dt), xb, D);
-            for (int64_t i = 0; i < half; i++) {
-                ob[i] = rnd(rnd(xb[i] * cb[i], dt) + rnd(xb[i + half] * sb[i], dt), dt);
-                ob[i + half] = rnd(rnd(xb[i + half] * cb[i + half], dt) + rnd(xb[i] * sb[i + half], dt), dt);
-            }
-            store_row(dt, ob, (char *)out + (size_t)((n * H + h) * D) * esize(dt), D);
+    size_t es = esize(dt);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t h = 0; h < H; h++)
+            rope_head(dt, (const char *)x + (size_t)(n * sxn + h * sxh) * es, (const char *)cs + (size_t)(n * sc) * es,
+                      (const char *)ss + (size_t)(n * sc) * es, D, (char *)out + (size_t)((n * H + h) * D) * es);
+}
+
+/* Decode attention of sequence b's query heads kh * rep + [g0, g1) (rep = H / Hkv: those of kv head kh) over the
+ * paged cache: queries from q + b * sq; keys 0 .. lens[b] - 1 at slots tables[b * tstride + t / bs] * bs + t % bs
+ * of the flat caches kc/vc [S, Hkv, D]; scores and softmax in float32, summed in key order; out [B, H, D]. */
+static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const void *vc, const int64_t *tables,
+                       int64_t tstride, const int64_t *lens, int64_t b, int64_t kh, int64_t g0, int64_t g1, int64_t H,
+                       int64_t Hkv, int64_t D, int64_t bs, float scale, void *out) {
+    size_t es = esize(dt);
+    int64_t rep = g1 - g0, L = lens[b], h0 = kh * (H / Hkv) + g0;
+    const int64_t *tab = tables + b * tstride;
+    float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4);
+    float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
+    load_row(dt, (const char *)q + (size_t)(b * sq + h0 * D) * es, qf, rep * D);
+    for (int64_t t0 = 0; t0 < L; t0 += bs) {  /* block by block: slot = block id * bs + offset */
+        int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
+        for (int64_t o = 0; o < n; o++) {
+            const char *kp = (const char *)kc + (size_t)(((base + o) * Hkv + kh) * D) * es;
+            const float *kr = (const float *)kp;
+            if (dt) { load_row(dt, kp, kv, D); kr = kv; }
+            for (int64_t g = 0; g < rep; g++) sc[g * L + t0 + o] = dot(qf + g * D, kr, D) * scale;
         }
     }
+    for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * L, L);
+    memset(acc, 0, (size_t)(rep * D) * 4);
+    for (int64_t t0 = 0; t0 < L; t0 += bs) {
+        int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
+        for (int64_t o = 0; o < n; o++) {
+            const char *vp = (const char *)vc + (size_t)(((base + o) * Hkv + kh) * D) * es;
+            const float *vr = (const float *)vp;
+            if (dt) { load_row(dt, vp, kv, D); vr = kv; }
+            for (int64_t g = 0; g < rep; g++) {
+                float p = sc[g * L + t0 + o], *a = acc + g * D;
+                for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
+            }
+        }
+    }
+    store_row(dt, acc, (char *)out + (size_t)((b * H + h0) * D) * es, rep * D);
+    free(qf);
 }
 
 /* One decode step of attention for B sequences over the paged cache, in place.
  * q [B, H, D] (row stride sq, heads contiguous); knew/vnew [B, Hkv, D] (row strides skn/svn, heads contiguous) are
  * first stored at slots[b] of the flat caches kc/vc [S, Hkv, D] (S = blocks * bs; knew NULL: already stored); then
- * query b attends to its first lens[b] keys, slot of key t = tables[b * tstride + t / bs] * bs + t % bs. GQA: q
- * head h reads kv head h / (H / Hkv). Scores and softmax in float32; out [B, H, D] in the dtype. One task per
- * (sequence, kv head), each summing in key order. */
+ * query b attends to its first lens[b] keys (paged_task). GQA: q head h reads kv head h / (H / Hkv). One task per
+ * (sequence, kv head). */
 void cpu_paged_decode(int dt, const void *q, int64_t sq, const void *knew, int64_t skn, const void *vnew,
                       int64_t svn, void *kc, void *vc, const int64_t *slots, const int64_t *tables, int64_t tstride,
                       const int64_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
@@ -291,41 +343,12 @@ void cpu_paged_decode(int dt, const void *q, int64_t sq, const void *knew, int64
             memcpy((char *)vc + (size_t)slots[b] * row, (const char *)vnew + (size_t)(b * svn) * es, row);
         }
     }
-    int64_t rep = H / Hkv, work = 0;
+    int64_t work = 0;
     for (int64_t b = 0; b < B; b++) work += lens[b];
     /* threads only for long contexts: a fork/join costs microseconds (milliseconds on an oversubscribed machine) */
     int par = nt > 1 && B * Hkv > 1 && work * H * D >= (1 << 20);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
-    for (int64_t task = 0; task < B * Hkv; task++) {
-        int64_t b = task / Hkv, kh = task % Hkv, L = lens[b];
-        const int64_t *tab = tables + b * tstride;
-        float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4);
-        float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
-        load_row(dt, (const char *)q + (size_t)(b * sq + kh * rep * D) * es, qf, rep * D);
-        for (int64_t t0 = 0; t0 < L; t0 += bs) {  /* block by block: slot = block id * bs + offset */
-            int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
-            for (int64_t o = 0; o < n; o++) {
-                const char *kp = (const char *)kc + (size_t)(((base + o) * Hkv + kh) * D) * es;
-                const float *kr = (const float *)kp;
-                if (dt) { load_row(dt, kp, kv, D); kr = kv; }
-                for (int64_t g = 0; g < rep; g++) sc[g * L + t0 + o] = dot(qf + g * D, kr, D) * scale;
-            }
-        }
-        for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * L, L);
-        memset(acc, 0, (size_t)(rep * D) * 4);
-        for (int64_t t0 = 0; t0 < L; t0 += bs) {
-            int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
-            for (int64_t o = 0; o < n; o++) {
-                const char *vp = (const char *)vc + (size_t)(((base + o) * Hkv + kh) * D) * es;
-                const float *vr = (const float *)vp;
-                if (dt) { load_row(dt, vp, kv, D); vr = kv; }
-                for (int64_t g = 0; g < rep; g++) {
-                    float p = sc[g * L + t0 + o], *a = acc + g * D;
-                    for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
-                }
-            }
-        }
-        store_row(dt, acc, (char *)out + (size_t)((b * H + kh * rep) * D) * es, rep * D);
-        free(qf);
-    }
+    for (int64_t task = 0; task < B * Hkv; task++)
+        paged_task(dt, q, sq, kc, vc, tables, tstride, lens, task / Hkv, task % Hkv, 0, H / Hkv, H, Hkv, D, bs, scale,
+                   out);
 }

@@ -19,6 +19,7 @@ Entry points return 0, or -1 for an unsupported shape (Python then keeps its tor
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "split.h"
 #include <math.h>
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__F16C__)
@@ -333,36 +334,43 @@ static void amx_block(const uint16_t *xp, const uint16_t *w, const uint16_t *bia
     }
 }
 
-static int gemv_amx(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, uint16_t *y,
-                    int64_t M, int64_t N, int64_t K, int nt) {
-    const int64_t nkb = (K + 31) / 32, blocks = N / 16, pairs = (blocks + 1) / 2;
+/* This thread's share (pairs [p0, p1) of 16-row blocks) on AMX tiles, with its own re-laid copy of x */
+static int amx_part(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t M,
+                    int64_t N, int64_t K, int64_t p0, int64_t p1) {
+    const int64_t nkb = (K + 31) / 32, blocks = N / 16;
+    if (p0 >= p1) return 0;
     uint16_t *xp = (uint16_t *)calloc((size_t)(nkb * 32 * M), 2);
     if (!xp) return -1;
     for (int64_t m = 0; m < M; m++) /* xp[kb][k pair][m][2] */
         for (int64_t k = 0; k < K; k++)
             xp[(k / 32) * 32 * M + ((k % 32) / 2) * M * 2 + m * 2 + (k & 1)] = x[m * ldx + k];
-    if (pairs < nt) nt = pairs > 0 ? (int)pairs : 1;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        amx_config(M);
-#pragma omp for schedule(static) nowait
-        for (int64_t p = 0; p < pairs; p++)
-            amx_block(xp, w, bias, y, M, N, K, p * 32, 2 * p + 1 < blocks ? 2 : 1);
-        _tile_release();
-    }
+    amx_config(M);
+    for (int64_t p = p0; p < p1; p++) amx_block(xp, w, bias, y, M, N, K, p * 32, 2 * p + 1 < blocks ? 2 : 1);
+    _tile_release();
     free(xp);
     return 0;
 }
 #endif
 
-static int gemv(const void *x, int64_t ldx, const void *w, const void *bias, void *y, int64_t M, int64_t N,
-                int64_t K, int nt, int t) {
-    if (M < 1 || M > MAXM || N < 1 || K < 1 || ldx < K) return -1;
+static int use_amx(int t, int64_t N) {
+#ifdef HAVE_AMX
+    return t == T_BF16 && N >= 16 && amx_usable();
+#else
+    (void)t; (void)N;
+    return 0;
+#endif
+}
+
+/* Thread tid of nth's share of y = x W^T (+ bias): contiguous ranges of whole tiles, the rows past the last tile on
+   the last thread. Every output element is computed the same way whatever the split. */
+static int float_part(const void *x, int64_t ldx, const void *w, const void *bias, void *y, int64_t M, int64_t N,
+                     int64_t K, int t, int tid, int nth) {
     int64_t n_done = 0; /* rows [0, n_done) computed by AMX */
 #ifdef HAVE_AMX
-    if (t == T_BF16 && N >= 16 && amx_usable()) {
-        if (gemv_amx((const uint16_t *)x, ldx, (const uint16_t *)w, (const uint16_t *)bias, (uint16_t *)y, M, N, K,
-                     nt) != 0)
+    if (use_amx(t, N)) {
+        const int64_t pairs = (N / 16 + 1) / 2;
+        if (amx_part((const uint16_t *)x, ldx, (const uint16_t *)w, (const uint16_t *)bias, (uint16_t *)y, M, N, K,
+                     share(pairs, tid, nth), share(pairs, tid + 1, nth)) != 0)
             return -1;
         n_done = N / 16 * 16;
     }
@@ -374,7 +382,10 @@ static int gemv(const void *x, int64_t ldx, const void *w, const void *bias, voi
     const float *xf = (const float *)x;
     int64_t ldxf = ldx;
     float *stage = NULL;
-    if (t != T_F32 && !dp) { /* 16-bit x: convert the few rows to float32 once */
+    const int NR = M <= 2 ? 8 : 4;
+    const int64_t tiles = n_done ? 0 : N / NR, rest = N - (n_done ? n_done : tiles * NR);
+    const int64_t b0 = share(tiles, tid, nth), b1 = share(tiles, tid + 1, nth), last = tid == nth - 1;
+    if (t != T_F32 && !dp && (b1 > b0 || (last && rest))) { /* 16-bit x: convert the few rows to float32 once */
         stage = (float *)malloc((size_t)(M * K) * sizeof(float));
         if (!stage) return -1;
         for (int64_t m = 0; m < M; m++)
@@ -382,15 +393,24 @@ static int gemv(const void *x, int64_t ldx, const void *w, const void *bias, voi
         xf = stage;
         ldxf = K;
     }
-    const int NR = M <= 2 ? 8 : 4;
-    const int64_t tiles = n_done ? 0 : N / NR, rest = N - (n_done ? n_done : tiles * NR);
-    if (nt < 1) nt = 1;
-    if (tiles < 2 * nt) nt = tiles > 1 ? (int)(tiles / 2) : 1; /* tiny N: no point waking threads */
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t b = 0; b < tiles; b++) run_tile(xf, ldxf, x, ldx, w, bias, y, M, N, K, b * NR, NR, t, dp);
-    for (int64_t n = N - rest; n < N; n++) run_tile(xf, ldxf, x, ldx, w, bias, y, M, N, K, n, 1, t, dp);
+    for (int64_t b = b0; b < b1; b++) run_tile(xf, ldxf, x, ldx, w, bias, y, M, N, K, b * NR, NR, t, dp);
+    if (last)
+        for (int64_t n = N - rest; n < N; n++) run_tile(xf, ldxf, x, ldx, w, bias, y, M, N, K, n, 1, t, dp);
     free(stage);
     return 0;
+}
+
+static int gemv(const void *x, int64_t ldx, const void *w, const void *bias, void *y, int64_t M, int64_t N,
+                int64_t K, int nt, int t) {
+    if (M < 1 || M > MAXM || N < 1 || K < 1 || ldx < K) return -1;
+    /* tiny N: no point waking threads (AMX: 32-row pairs; else NR-row tiles, two per thread at least) */
+    const int64_t units = use_amx(t, N) ? (N / 16 + 1) / 2 : N / (M <= 2 ? 8 : 4) / 2;
+    if (nt < 1) nt = 1;
+    if (units < nt) nt = units > 1 ? (int)units : 1;
+    int err = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : err)
+    err |= float_part(x, ldx, w, bias, y, M, N, K, t, omp_get_thread_num(), omp_get_num_threads());
+    return err ? -1 : 0;
 }
 
 int inferflow_gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias, float *y, int64_t M,

@@ -1,0 +1,292 @@
+"""CPU decode steps as one native program (``inferflow/native/step.c``): the decoder stack lowered step by step.
+
+Why: on a CPU a small model's decode step is mostly fixed costs (see step.c); one call per step removes them.
+
+The lowering walks the assembled flows as :class:`~inferflow.model.flow.Flow` runs them and maps each step's
+component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSNorm, residual adds, attention
+(projections, rotate-half RoPE, the K/V write and paged attention over the engine's cache, the output projection),
+gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The ops are the kernels
+the op-by-op path calls, so the logits are the same bits. A step it does not know (another component, or a feature
+the kernels lack: ALiBi, sliding windows, soft-caps, q/k norms, quantized or host-resident K/V) raises
+:class:`Unsupported` and the model keeps its op-by-op path. The token embedding stays a torch lookup; the final
+block and the head are in the program.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..native import cpu_ops, step
+from ..quant import cpu_kernels, ggml, native_linear
+from .context import AttentionBackend, ForwardContext
+from .flow import Flow, Stack
+
+log = logging.getLogger(__name__)
+MAX_ROWS = 16
+_DT = {torch.float32: 0, torch.bfloat16: 1}
+_GEMV_T = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _label(tag: str) -> str:
+    """A step's name without its layer set ("L0.mlp.down" -> "mlp.down"): profiles sum over layers."""
+    return tag.split(".", 1)[1] if tag[:1] == "L" and "." in tag else tag
+
+
+class Unsupported(Exception):
+    """The model (or one of its steps) has something the native program does not run."""
+
+
+def _name(m: torch.nn.Module) -> str:
+    return getattr(m, "component_name", None) or type(m).__name__
+
+
+class _Val:
+    """A lowered value: a buffer view [MAX_ROWS, n] (row stride ld elements) of the model's dtype."""
+
+    __slots__ = ("t", "n", "ld")
+
+    def __init__(self, t: torch.Tensor, n: int, ld: int):
+        self.t, self.n, self.ld = t, n, ld
+
+    def at(self, col: int) -> int:
+        """The address of column ``col`` of row 0."""
+        return self.t.data_ptr() + col * self.t.element_size()
+
+
+class NativeDecoder:
+    """A decoder-only model's decode step (1..MAX_ROWS sequences of one new token each) as one native program over
+    the engine's paged K/V cache. Build with :meth:`build` (None where anything is unsupported)."""
+
+    max_rows = MAX_ROWS
+
+    def __init__(self, model: Any, cache: Any):
+        self.model, self.cache = model, cache
+        self.dtype = model.dtype
+        if self.dtype not in _DT:
+            raise Unsupported(f"activations in {self.dtype}")
+        self.dt = _DT[self.dtype]
+        net = model.net
+        if net.encoder is not None or net.decoder is None or net.head is None:
+            raise Unsupported("not a decoder-only model with a head")
+        g = getattr(model, "parallel", None)
+        if (g is not None and g.world > 1) or type(net.decoder) is not Stack:
+            raise Unsupported("a model split over processes (pipeline or tensor parallel)")
+        if cache.quantized or cache.device.type != "cpu" or cache.store_dtype != self.dtype or cache.host_layers:
+            raise Unsupported("K/V cache not plain CPU storage in the model's dtype")
+        self.stack = net.decoder
+        self.prog = step.Program()
+        self._bufs: dict[tuple, torch.Tensor] = {}
+        self._keep: list[torch.Tensor] = []
+        self._ropes: list[ctypes.Structure] = []
+        self._rope_tab: tuple | None = None
+        self.q8x = cpu_kernels.native_q8x() and step.has_op("gemv_q8x")
+        self._scratch: torch.Tensor | None = None
+        hidden = self._embed_dim()
+        self.x0 = self._buf(hidden, "embed")
+        x = _Val(self.x0, hidden, hidden)
+        for i, layer in enumerate(self.stack.layers):
+            x = self._flow(layer, x, f"L{i % 2}")
+        if self.stack.final is not None:
+            x = self._flow(self.stack.final, x, "final")
+        out = self._flow(net.head, x, "head")
+        self.logits = out
+
+    @classmethod
+    def build(cls, model: Any, cache: Any) -> "NativeDecoder | None":
+        """The program for ``model`` over ``cache``, or None (logged: why) where it does not apply."""
+        if not (step.available() and cpu_ops.enabled_all()) or model.device.type != "cpu":
+            return None
+        try:
+            return cls(model, cache)
+        except Unsupported as e:
+            log.info("native decode step off: %s", e)
+            return None
+
+    # ---- buffers -------------------------------------------------------------------------------
+    def _buf(self, n: int, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A [MAX_ROWS, n] buffer, shared by the steps of the same ``key``: layers alternate between two sets
+        ("L0", "L1"), so layer i + 2 reuses layer i's (dead by then: a layer reads only the previous one's output)
+        and a step's working set stays in cache."""
+        dtype = dtype or self.dtype
+        t = self._bufs.get((key, n, dtype))
+        if t is None:
+            t = self._bufs[(key, n, dtype)] = torch.zeros(MAX_ROWS, n, dtype=dtype)
+        return t
+
+    def _embed_dim(self) -> int:
+        emb = self.stack.embed
+        m = getattr(emb, emb.plan[0][0]) if emb is not None and len(emb.plan) == 1 else None
+        if m is None or _name(m) != "token_embedding":
+            raise Unsupported("embedding block is not one token lookup")
+        return m.packed["weight"][1][1] if m.packed is not None else m.weight.shape[1]
+
+    # ---- flows ----------------------------------------------------------------------------------
+    def _flow(self, flow: Flow, x: _Val, tag: str) -> _Val:
+        env: dict[str, Any] = {flow.first_input: x, "x": x}
+        cur: Any = x
+        for name, inputs in flow.plan:
+            if inputs is not None:
+                cur = env[inputs[0]] if len(inputs) == 1 else [env[n] for n in inputs]
+            m = getattr(flow, name)
+            kind = _name(m)
+            lower = _LOWER.get(kind)
+            if lower is None or getattr(m, "_forward_hooks", None) or getattr(m, "_forward_pre_hooks", None):
+                raise Unsupported(f"step {name!r} ({kind})")
+            cur = lower(self, m, cur, f"{tag}.{name}")
+            env[name] = cur
+        return cur
+
+    def _norm(self, m: Any, x: _Val, tag: str) -> _Val:
+        if "fused_pending" in m.__dict__ or m.weight.dtype not in _DT or m.weight.shape != (x.n,):
+            raise Unsupported(f"{tag}: norm form")
+        y = self._buf(x.n, tag)
+        self.prog.add("rmsnorm", _label(tag), a=x.t, w=m.weight, y=y, sx=x.ld, D=x.n, dt=self.dt, wdt=_DT[m.weight.dtype],
+                      wif=int(m.weight_in_float or self.dt == 0), lanes=8, eps=m.eps, offset=m.offset)
+        return _Val(y, x.n, x.n)
+
+    def _add(self, m: Any, xs: Sequence[_Val], tag: str) -> _Val:
+        if m.fused_norm is not None or not isinstance(xs, list) or len(xs) < 2:
+            raise Unsupported(f"{tag}: add form")
+        cur = xs[0]
+        for x in xs[1:]:
+            if x.n != cur.n or x.ld != x.n or cur.ld != cur.n:
+                raise Unsupported(f"{tag}: add of strided values")
+            y = self._buf(cur.n, tag)
+            self.prog.add("add", _label(tag), a=cur.t, b=x.t, y=y, D=cur.n, dt=self.dt)
+            cur = _Val(y, cur.n, cur.n)
+        return cur
+
+    def _linear(self, m: Any, x: _Val, tag: str, col: int = 0) -> _Val:
+        """y = x[:, col:col + K] W^T (+ b) into a new buffer."""
+        n, k = m.out_features, m.in_features
+        xp = x.at(col)
+        if m.packed is not None:
+            if (getattr(m, "kernels", None) or {}).get("weight") != "native" or self.dt != 0:
+                raise Unsupported(f"{tag}: a quantized kernel other than the native block GEMV")
+            blocks = m._buffers["weight_blocks"]
+            qtype, shape = m.packed["weight"]
+            bias = None if m.bias is None else m.bias.float().contiguous()
+            y = self._buf(n, tag, torch.float32)
+            if bias is not None:
+                self._keep.append(bias)  # a float32 copy: kept alive with the program
+            if self.q8x and qtype in native_linear.Q8X_TYPES and shape[0] < cpu_kernels.Q8_INT4_MAX_N:
+                scratch = self._q8x_scratch(k)
+                self.prog.add("quant_x", _label(tag), x=xp, scratch=scratch, ldx=x.ld, K=k)
+                self.prog.add("gemv_q8x", f"{_label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, bias=bias, scratch=scratch, y=y, qt=qtype, rb=blocks.stride(0),
+                              ldy=n, N=n, K=k)
+            else:
+                self.prog.add("gemv_q", f"{_label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, x=xp, bias=bias, y=y, qt=qtype, rb=blocks.stride(0), ldx=x.ld,
+                              ldy=n, N=n, K=k)
+            return _Val(y, n, n)
+        w = m.weight
+        if w.dtype != self.dtype or not w.is_contiguous() or w.device.type != "cpu" or tuple(w.shape) != (n, k):
+            raise Unsupported(f"{tag}: weight {w.dtype} {tuple(w.shape)}")
+        if m.bias is not None and (m.bias.dtype != w.dtype or not m.bias.is_contiguous()):
+            raise Unsupported(f"{tag}: bias form")
+        y = self._buf(n, tag)
+        self.prog.add("gemv_f", f"{_label(tag)} {n}x{k} {w.dtype}", x=xp, w=w, bias=m.bias, y=y, ldx=x.ld, N=n, K=k, t=_GEMV_T[w.dtype])
+        return _Val(y, n, n)
+
+    def _q8x_scratch(self, k: int) -> torch.Tensor:
+        need = MAX_ROWS * (k + 8 * (k // 32))
+        if self._scratch is None or self._scratch.numel() < need:
+            self._scratch = torch.zeros(need, dtype=torch.uint8)
+            self._keep.append(self._scratch)
+        return self._scratch
+
+    def _mlp(self, m: Any, x: _Val, tag: str) -> _Val:
+        if m.act is not F.silu:
+            raise Unsupported(f"{tag}: activation {m.act}")
+        inter = m.inter
+        out = self._buf(inter, tag + ".act")
+        if m.fused:
+            gu = self._linear(m.gate_up_proj, x, tag + ".gate_up")
+            g, u, sg = gu.t.data_ptr(), gu.at(inter), gu.ld
+            su = sg
+        else:
+            gate, up = self._linear(m.gate_proj, x, tag + ".gate"), self._linear(m.up_proj, x, tag + ".up")
+            g, u, sg, su = gate.t.data_ptr(), up.t.data_ptr(), gate.ld, up.ld
+        self.prog.add("silu_mul", _label(tag), g=g, u=u, out=out, sg=sg, su=su, I=inter, dt=self.dt)
+        return self._linear(m.down_proj, _Val(out, inter, inter), tag + ".down")
+
+    def _attention(self, m: Any, x: _Val, tag: str) -> _Val:
+        if (m.cross or not m.causal or m.softcap is not None or m.window is not None or m.clip_qkv is not None
+                or m.q_norm is not None):
+            raise Unsupported(f"{tag}: attention features")
+        st = self.cache._dev.get(m.cache_key)
+        if st is None or st.k.device.type != "cpu" or st.k.dtype != self.dtype:
+            raise Unsupported(f"{tag}: no plain CPU K/V layer")
+        h, hkv, d = m.h, m.hkv, m.d
+        qd, kvd = m.qd, m.kvd
+        rope = self.stack.position if m.use_position else None
+        if rope is None or not (_name(rope) == "rope" and rope.style == "half" and rope.dim == d
+                                and rope.kind != "dynamic"):
+            raise Unsupported(f"{tag}: position encoding other than rotate-half RoPE over whole heads")
+        if not m.fused:
+            raise Unsupported(f"{tag}: separate q/k/v projections (the engine fuses them: fuse_projections)")
+        qkv = self._linear(m.qkv_proj, x, tag + ".qkv")
+        heads = self._buf((h + hkv) * d, tag + ".heads")  # rotated q | k heads [M, H + Hkv, D]
+        self._ropes.append(self.prog.add("rope", _label(tag), x=qkv.t, out=heads, sxn=qkv.ld, sxh=d, H=h + hkv, D=d, dt=self.dt))
+        out = self._buf(qd, tag + ".attn")
+        es = heads.element_size()
+        args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,
+                    sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d, bs=self.cache.block_size,
+                    dt=self.dt, scale=m.scale)
+        self.prog.add("kv_write", _label(tag), **args)
+        self.prog.add("attention", _label(tag), **args)
+        return self._linear(m.o_proj, _Val(out, qd, qd), tag + ".o")
+
+    # ---- running ---------------------------------------------------------------------------------
+    def _rope_tables(self, need: int) -> None:
+        """Point the rope ops at RoPE's cos/sin table, grown to cover position ``need - 1``."""
+        rope = self.stack.position
+        tab = getattr(rope, "_tab", None)
+        if tab is None or tab[0] < need or tab[1] != self.dtype:
+            ctx = ForwardContext(positions=torch.tensor([need - 1]), q_lens=[1], k_lens=[need],
+                                 backend=AttentionBackend())
+            rope._table(ctx, self.dtype)
+            tab = rope._tab
+        if tab is not self._rope_tab:
+            for a in self._ropes:
+                a.cos, a.sin = tab[2].data_ptr(), tab[3].data_ptr()
+            self._rope_tab = tab
+
+    def decode(self, ids: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        """float32 logits [M, vocab] of one decode step: row i is token ``ids[i]`` at ``positions[i]`` of the
+        sequence whose block table is ``tables[i]`` (its K/V is stored at that position's slot)."""
+        M = len(ids)
+        if not 1 <= M <= MAX_ROWS:
+            raise ValueError(f"native decode: 1..{MAX_ROWS} rows, got {M}")
+        bs = self.cache.block_size
+        width = max(len(t) for t in tables)
+        tab = torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
+        if int(tab.min()) < 0 or int(tab.max()) >= self.cache.num_blocks or any(
+                not 0 <= p < len(t) * bs for t, p in zip(tables, positions)):
+            raise ValueError("native decode: block ids or positions outside the cache")
+        pos = torch.tensor(positions, dtype=torch.int64)
+        slots = torch.tensor([t[p // bs] * bs + p % bs for t, p in zip(tables, positions)], dtype=torch.int64)
+        lens = pos + 1
+        if self.stack.position is not None and self._ropes:
+            self._rope_tables(int(pos.max()) + 1)
+        ctx = ForwardContext(positions=pos, q_lens=[1] * M, k_lens=lens.tolist(), backend=AttentionBackend())
+        ids_t = torch.tensor(ids, dtype=torch.int64)
+        self.x0[:M].copy_(self.stack.embed(self.model._env(ids_t, ctx), ctx))
+        st = step.StepState(M=M, pos=pos.data_ptr(), slots=slots.data_ptr(), lens=lens.data_ptr(),
+                            tables=tab.data_ptr(), tstride=tab.stride(0))
+        self.prog.run(st, torch.get_num_threads())
+        out = self.logits.t[:M]
+        # a copy: the buffer is the next step's too (a caller may hold several steps' logits: fault isolation)
+        return out.clone() if out.dtype == torch.float32 else out.float()
+
+
+_LOWER = {
+    "rmsnorm": NativeDecoder._norm,
+    "add": NativeDecoder._add,
+    "linear": NativeDecoder._linear,
+    "gated_mlp": NativeDecoder._mlp,
+    "attention": NativeDecoder._attention,
+}
