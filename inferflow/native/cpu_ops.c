@@ -288,6 +288,68 @@ void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_
                       (const char *)ss + (size_t)(n * sc) * es, D, (char *)out + (size_t)((n * H + h) * D) * es);
 }
 
+#ifdef __AVX512F__
+/* r[j] = the sum of v[j]'s 16 lanes, j < 16: a transpose-and-add tree (45 shuffles and adds for 16 keys, against
+   ~8 per key for a reduction each) */
+static inline __attribute__((always_inline)) __m512 hsum16(const __m512 *v) {
+    __m512 w[8], u[4];
+    for (int i = 0; i < 8; i++)  /* [key 2i: 8 lane sums | key 2i + 1: 8] */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)  /* quad k: key 4i + k, 4 lane sums */
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    const __m512 z0 = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x44), _mm512_shuffle_ps(u[0], u[1], 0xEE));
+    const __m512 z1 = _mm512_add_ps(_mm512_shuffle_ps(u[2], u[3], 0x44), _mm512_shuffle_ps(u[2], u[3], 0xEE));
+    /* lane 4 k + m holds key k + 4 m */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z0, z1, 0x88), _mm512_shuffle_ps(z0, z1, 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* s[t] = scale * (q . K[t]) for keys t < L of one head, float32 K, D = 16 DC: each key's products in DC registers of
+   fused multiply-adds, 16 keys' lanes summed at once (hsum16), the last L % 16 keys one by one */
+static inline __attribute__((always_inline)) void qk_head(const int DC, const void *kc, const int64_t *tab,
+                                                         int64_t bs, int64_t L, int64_t Hkv, int64_t kh,
+                                                         const float *q, float scale, float *s) {
+    __m512 qv[8], v[16];
+    for (int c = 0; c < DC; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
+    int64_t t = 0;
+    for (; t < L; t += 16) {
+        const int n = L - t < 16 ? (int)(L - t) : 16;
+        for (int j = 0; j < n; j++) {
+            const int64_t k = t + j;
+            const float *kr = (const float *)kc + ((tab[k / bs] * bs + k % bs) * Hkv + kh) * 16 * DC;
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+            for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+            v[j] = a;
+        }
+        if (n == 16) {
+            _mm512_storeu_ps(s + t, _mm512_mul_ps(hsum16(v), _mm512_set1_ps(scale)));
+        } else {
+            for (int j = 0; j < n; j++) s[t + j] = _mm512_reduce_add_ps(v[j]) * scale;
+        }
+    }
+}
+
+/* acc[0 .. 16 DC) = sum over keys t (in order) of p[t] * V[t] for one head of float32 V with D = 16 DC: DC registers
+   of fused multiply-adds (a memory accumulator would wait on its own store at every key) */
+static inline __attribute__((always_inline)) void pv_head(const int DC, const void *vc, const int64_t *tab,
+                                                         int64_t bs, int64_t L, int64_t Hkv, int64_t kh,
+                                                         const float *p, float *acc) {
+    __m512 a[8];
+    for (int c = 0; c < DC; c++) a[c] = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < L; t0 += bs) {
+        const int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
+        for (int64_t o = 0; o < n; o++) {
+            const float *vr = (const float *)vc + ((base + o) * Hkv + kh) * 16 * DC;
+            const __m512 pv = _mm512_set1_ps(p[t0 + o]);
+            for (int c = 0; c < DC; c++) a[c] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vr + 16 * c), a[c]);
+        }
+    }
+    for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+#endif
+
 /* Decode attention of sequence b's query heads kh * rep + [g0, g1) (rep = H / Hkv: those of kv head kh) over the
  * paged cache: queries from q + b * sq; keys 0 .. lens[b] - 1 at slots tables[b * tstride + t / bs] * bs + t % bs
  * of the flat caches kc/vc [S, Hkv, D]; scores and softmax in float32, summed in key order; out [B, H, D]. */
@@ -300,6 +362,15 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
     float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4);
     float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
     load_row(dt, (const char *)q + (size_t)(b * sq + h0 * D) * es, qf, rep * D);
+#ifdef __AVX512F__
+    const int fast = !dt && (D == 64 || D == 128);  /* float32 K/V, common head sizes: sums in registers */
+    if (fast) {
+        for (int64_t g = 0; g < rep; g++) {
+            if (D == 64) qk_head(4, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sc + g * L);
+            else qk_head(8, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sc + g * L);
+        }
+    } else
+#endif
     for (int64_t t0 = 0; t0 < L; t0 += bs) {  /* block by block: slot = block id * bs + offset */
         int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
         for (int64_t o = 0; o < n; o++) {
@@ -311,6 +382,14 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
     }
     for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * L, L);
     memset(acc, 0, (size_t)(rep * D) * 4);
+#ifdef __AVX512F__
+    if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
+        for (int64_t g = 0; g < rep; g++) {
+            if (D == 64) pv_head(4, vc, tab, bs, L, Hkv, kh, sc + g * L, acc + g * D);
+            else pv_head(8, vc, tab, bs, L, Hkv, kh, sc + g * L, acc + g * D);
+        }
+    } else
+#endif
     for (int64_t t0 = 0; t0 < L; t0 += bs) {
         int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
         for (int64_t o = 0; o < n; o++) {
