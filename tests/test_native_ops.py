@@ -120,7 +120,7 @@ def _decode(cache, tables, lens, q, k, v, rows=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("h,hkv,d", [(4, 2, 8), (6, 2, 16), (3, 3, 64), (9, 3, 64)])
+@pytest.mark.parametrize("h,hkv,d", [(4, 2, 8), (6, 2, 16), (3, 3, 64), (9, 3, 64), (4, 1, 128)])
 def test_paged_decode_matches_torch(dtype, h, hkv, d, native):
     lens = [9, 14, 3, 4, 0, 21]  # ragged, crossing block boundaries (block size 4), one empty history
     g = torch.Generator().manual_seed(3)

@@ -306,9 +306,16 @@ static inline __attribute__((always_inline)) __m512 hsum16(const __m512 *v) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
-/* s[t] = scale * (q . K[t]) for keys t < L of one head, float32 K, D = 16 DC: each key's products in DC registers of
+/* 16 elements of a float32 (dt 0) or bfloat16 (dt 1) cache row at element index i, as float32 (exact) */
+static inline __attribute__((always_inline)) __m512 load16(const void *c, int64_t i, const int dt) {
+    if (!dt) return _mm512_loadu_ps((const float *)c + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)c + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* s[t] = scale * (q . K[t]) for keys t < L of one head, float32 or bfloat16 K (dt), D = 16 DC: each key's products in DC registers of
    fused multiply-adds, 16 keys' lanes summed at once (hsum16), the last L % 16 keys one by one */
-static inline __attribute__((always_inline)) void qk_head(const int DC, const void *kc, const int64_t *tab,
+static inline __attribute__((always_inline)) void qk_head(const int DC, const int dt, const void *kc, const int64_t *tab,
                                                          int64_t bs, int64_t L, int64_t Hkv, int64_t kh,
                                                          const float *q, float scale, float *s) {
     __m512 qv[8], v[16];
@@ -318,9 +325,9 @@ static inline __attribute__((always_inline)) void qk_head(const int DC, const vo
         const int n = L - t < 16 ? (int)(L - t) : 16;
         for (int j = 0; j < n; j++) {
             const int64_t k = t + j;
-            const float *kr = (const float *)kc + ((tab[k / bs] * bs + k % bs) * Hkv + kh) * 16 * DC;
-            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-            for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+            const int64_t kr = ((tab[k / bs] * bs + k % bs) * Hkv + kh) * 16 * DC;
+            __m512 a = _mm512_mul_ps(qv[0], load16(kc, kr, dt));
+            for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(qv[c], load16(kc, kr + 16 * c, dt), a);
             v[j] = a;
         }
         if (n == 16) {
@@ -333,7 +340,7 @@ static inline __attribute__((always_inline)) void qk_head(const int DC, const vo
 
 /* acc[0 .. 16 DC) = sum over keys t (in order) of p[t] * V[t] for one head of float32 V with D = 16 DC: DC registers
    of fused multiply-adds (a memory accumulator would wait on its own store at every key) */
-static inline __attribute__((always_inline)) void pv_head(const int DC, const void *vc, const int64_t *tab,
+static inline __attribute__((always_inline)) void pv_head(const int DC, const int dt, const void *vc, const int64_t *tab,
                                                          int64_t bs, int64_t L, int64_t Hkv, int64_t kh,
                                                          const float *p, float *acc) {
     __m512 a[8];
@@ -341,9 +348,9 @@ static inline __attribute__((always_inline)) void pv_head(const int DC, const vo
     for (int64_t t0 = 0; t0 < L; t0 += bs) {
         const int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
         for (int64_t o = 0; o < n; o++) {
-            const float *vr = (const float *)vc + ((base + o) * Hkv + kh) * 16 * DC;
+            const int64_t vr = ((base + o) * Hkv + kh) * 16 * DC;
             const __m512 pv = _mm512_set1_ps(p[t0 + o]);
-            for (int c = 0; c < DC; c++) a[c] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vr + 16 * c), a[c]);
+            for (int c = 0; c < DC; c++) a[c] = _mm512_fmadd_ps(pv, load16(vc, vr + 16 * c, dt), a[c]);
         }
     }
     for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
@@ -363,11 +370,14 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
     float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
     load_row(dt, (const char *)q + (size_t)(b * sq + h0 * D) * es, qf, rep * D);
 #ifdef __AVX512F__
-    const int fast = !dt && (D == 64 || D == 128);  /* float32 K/V, common head sizes: sums in registers */
+    const int fast = D == 64 || D == 128;  /* common head sizes: sums in registers */
     if (fast) {
         for (int64_t g = 0; g < rep; g++) {
-            if (D == 64) qk_head(4, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sc + g * L);
-            else qk_head(8, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sc + g * L);
+            float *sg = sc + g * L;
+            if (D == 64) dt ? qk_head(4, 1, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg)
+                            : qk_head(4, 0, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg);
+            else dt ? qk_head(8, 1, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg)
+                    : qk_head(8, 0, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg);
         }
     } else
 #endif
@@ -385,8 +395,10 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
 #ifdef __AVX512F__
     if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
         for (int64_t g = 0; g < rep; g++) {
-            if (D == 64) pv_head(4, vc, tab, bs, L, Hkv, kh, sc + g * L, acc + g * D);
-            else pv_head(8, vc, tab, bs, L, Hkv, kh, sc + g * L, acc + g * D);
+            const float *pg = sc + g * L;
+            float *ag = acc + g * D;
+            if (D == 64) dt ? pv_head(4, 1, vc, tab, bs, L, Hkv, kh, pg, ag) : pv_head(4, 0, vc, tab, bs, L, Hkv, kh, pg, ag);
+            else dt ? pv_head(8, 1, vc, tab, bs, L, Hkv, kh, pg, ag) : pv_head(8, 0, vc, tab, bs, L, Hkv, kh, pg, ag);
         }
     } else
 #endif
