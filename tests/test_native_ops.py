@@ -245,3 +245,17 @@ def test_fused_add_norm_on_cpu_same_logits_and_tokens(tmp_path, native, monkeypa
     monkeypatch.setattr(cpu_ops, "add_rmsnorm", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert torch.equal(m.logits(prompts), ref_logits) and calls
     assert _greedy(m, prompts, 8) == ref_tokens
+
+
+def test_argmax_equals_torch():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 1000, generator=g)
+    x[1, 17] = x[1, 900] = 50.0                      # ties: the first wins
+    x[2] = float("-inf")                              # all -inf: index 0
+    x[3, 333] = float("nan")                          # a NaN is the maximum
+    x[4, 5] = x[4, 7] = float("nan")                  # the first NaN
+    x[5, 999] = float("inf")
+    for rows in (x, x[:, :997], x[2:3]):              # strided rows, a tail under 16, one row
+        got = cpu_ops.argmax(rows)
+        assert got is not None and torch.equal(got, rows.argmax(-1))
+    assert cpu_ops.argmax(x.double()) is None and cpu_ops.argmax(x.t()) is None

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from ..native import cpu_ops
 from .guided.constraint import pick_guided
 from .logits_processors import NEG_INF, NGramPenalty, apply_processors
 from .sampling_params import SamplingParams
@@ -68,7 +69,8 @@ class Sampler:
         params = [sq.params for sq in seqs]
         if all(_plain_greedy(sq) for sq in seqs):  # the common serving case: one argmax, one transfer
             x = self._plain(logits)
-            out = x.argmax(-1).tolist()
+            idx = cpu_ops.argmax(x) if x.device.type == "cpu" else None  # torch's CPU argmax: ~125 us a vocab row
+            out = (idx if idx is not None else x.argmax(-1)).tolist()
             self._bypass_eos(out, x, seqs)
             return SampleOutput(out, None, None)
         raw_lp = torch.log_softmax(logits, -1) if any(p.logprobs is not None for p in params) else None

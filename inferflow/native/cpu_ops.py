@@ -1,5 +1,5 @@
 """The non-GEMV ops of a CPU decode step as one native call each (``cpu_ops.c``): RMSNorm, residual add + RMSNorm,
-SiLU*mul, rotate-half RoPE and paged decode attention (the K/V cache write included).
+SiLU*mul, rotate-half RoPE, paged decode attention (the K/V cache write included) and greedy sampling's argmax.
 
 Why: at decode sizes each of these is several torch ops of a few microseconds (dispatch, allocation, a thread-pool
 wake-up): ~39 ops per layer besides the GEMVs on SmolLM2-135M, several milliseconds per token, as much as the GEMVs
@@ -38,7 +38,9 @@ def _lib() -> ctypes.CDLL | None:
             lib.cpu_rope.argtypes = [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _P, _I, _P]
             lib.cpu_paged_decode.argtypes = [ctypes.c_int, _P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I,
                                              _I, _I, _F, _P, ctypes.c_int]
-            for f in (lib.cpu_rmsnorm, lib.cpu_add_rmsnorm, lib.cpu_silu_mul, lib.cpu_rope, lib.cpu_paged_decode):
+            lib.cpu_argmax.argtypes = [_P, _I, _I, _I, _P]
+            for f in (lib.cpu_rmsnorm, lib.cpu_add_rmsnorm, lib.cpu_silu_mul, lib.cpu_rope, lib.cpu_paged_decode,
+                      lib.cpu_argmax):
                 f.restype = None
         _state["lib"] = lib
     return _state["lib"]  # type: ignore[return-value]
@@ -157,6 +159,18 @@ def rope(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor
     if N and H:
         _lib().cpu_rope(dt, x.data_ptr(), st[0], st[1], N, H, D, cos.data_ptr(), ssin.data_ptr(), cst[0],
                         out.data_ptr())
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor | None:
+    """``x.argmax(-1)`` for a CPU float32 [rows, n] (n > 0, last dim contiguous): the same indices (first maximum;
+    a NaN counts as the maximum), ~20x faster over a vocabulary row. None: not served."""
+    if (x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or x.shape[1] == 0 or x.stride(1) != 1
+            or not enabled()):
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    if x.shape[0]:
+        _lib().cpu_argmax(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
     return out
 
 
