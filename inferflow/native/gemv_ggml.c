@@ -145,21 +145,27 @@ INLINE int legacy(const int qt) { return qt == Q4_0 || qt == Q4_1 || qt == Q5_0 
 #define CH 64
 
 /* The f16 scale d of legacy blocks [s0, s0 + n) of a row, and c (Q4_1 / Q5_1: the min m; Q4_0 / Q5_0: -8 d /
-   -16 d, exact), into dc[2 i], dc[2 i + 1]: the halves are gathered with integer moves and converted 16 at a
-   time, so the inner loop broadcasts them straight from memory (a load, no shuffle-port work per block). */
+   -16 d, exact), into dc[2 i], dc[2 i + 1], so the inner loop broadcasts them straight from memory (a load, no
+   shuffle-port work per block). Each block's first 4 bytes are gathered 16 blocks at a time: d | m as they lie
+   (_1 types), or d | d; converted 8 blocks per vcvtph2ps (a scalar gather of the halves cost as much as the decode) */
 INLINE void legacy_scales(const int qt, const uint8_t *row, int64_t s0, int n, float *dc) {
-    uint16_t h[2 * CH] __attribute__((aligned(64)));
     const int bb = block_bytes(qt), two = qt == Q4_1 || qt == Q5_1;
     const uint8_t *b = row + s0 * bb;
-    for (int i = 0; i < n; i++, b += bb) {
-        memcpy(&h[2 * i], b, 2);
-        memcpy(&h[2 * i + 1], b + (two ? 2 : 0), 2);
-    }
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(bb));
     const float k = qt == Q4_0 ? -8.0f : qt == Q5_0 ? -16.0f : 1.0f;
     const __m512 mul = _mm512_setr_ps(1, k, 1, k, 1, k, 1, k, 1, k, 1, k, 1, k, 1, k);
-    for (int i = 0; i < 2 * n; i += 16) {
-        __m512 v = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(h + i)));
-        _mm512_storeu_ps(dc + i, k != 1.0f ? _mm512_mul_ps(v, mul) : v);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, b + (int64_t)i * bb, 1);
+        if (!two) g = _mm512_or_si512(_mm512_and_si512(g, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(g, 16));
+        __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(g)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(g, 1));
+        if (k != 1.0f) {
+            lo = _mm512_mul_ps(lo, mul);
+            hi = _mm512_mul_ps(hi, mul);
+        }
+        _mm512_storeu_ps(dc + 2 * i, lo);
+        _mm512_storeu_ps(dc + 2 * i + 16, hi);
     }
 }
 
