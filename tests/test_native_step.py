@@ -147,6 +147,9 @@ def test_bad_rows_are_refused(tmp_path):
         nd.decode([1], [3], [[10_000]])
     with pytest.raises(ValueError, match="outside the cache"):
         nd.decode([1], [9], [[0]])  # position 9 needs a third block of 4
+    assert nd.native_embed
+    with pytest.raises(IndexError, match="vocabulary"):
+        nd.decode([96], [0], [[0]])
 
 
 def test_program_profile_times_every_op(tmp_path):

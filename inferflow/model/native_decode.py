@@ -8,8 +8,8 @@ component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSN
 gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The ops are the kernels
 the op-by-op path calls, so the logits are the same bits. A step it does not know (another component, or a feature
 the kernels lack: ALiBi, sliding windows, soft-caps, q/k norms, quantized or host-resident K/V) raises
-:class:`Unsupported` and the model keeps its op-by-op path. The token embedding stays a torch lookup; the final
-block and the head are in the program.
+:class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or ggml blocks, decoded
+exactly), the final block and the head are in the program too (a scaled embedding stays a torch lookup).
 """
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ class NativeDecoder:
         self._scratch: torch.Tensor | None = None
         hidden = self._embed_dim()
         self.x0 = self._buf(hidden, "embed")
+        self.native_embed = self._embed_op()
         x = _Val(self.x0, hidden, hidden)
         for i, layer in enumerate(self.stack.layers):
             x = self._flow(layer, x, f"L{i % 2}")
@@ -122,7 +123,30 @@ class NativeDecoder:
         m = getattr(emb, emb.plan[0][0]) if emb is not None and len(emb.plan) == 1 else None
         if m is None or _name(m) != "token_embedding":
             raise Unsupported("embedding block is not one token lookup")
+        self.embed_mod = m
         return m.packed["weight"][1][1] if m.packed is not None else m.weight.shape[1]
+
+    def _embed_op(self) -> bool:
+        """The token lookup as the program's first op where the table is float rows of the model's dtype or ggml
+        blocks the kernels decode (exactly, as the lookup does), unscaled; else it stays a torch lookup."""
+        m, dim = self.embed_mod, self.x0.shape[1]
+        if m.scale is not None:
+            return False
+        if m.packed is not None:
+            qtype, shape = m.packed["weight"]
+            blocks = m._buffers.get("weight_blocks")
+            if (blocks is None or qtype not in native_linear.SUPPORTED or blocks.device.type != "cpu"
+                    or blocks.dim() != 2 or blocks.stride(1) != 1 or dim % 32 or m.out_dtype != self.dtype):
+                return False
+            self.vocab = shape[0]
+            self.prog.add("embed", "embed", w=blocks, y=self.x0, qt=qtype, rb=blocks.stride(0), D=dim, dt=self.dt)
+            return True
+        w = m.weight
+        if w.dtype != self.dtype or w.device.type != "cpu" or not w.is_contiguous():
+            return False
+        self.vocab = w.shape[0]
+        self.prog.add("embed", "embed", w=w, y=self.x0, qt=-1, rb=dim * w.element_size(), D=dim, dt=self.dt)
+        return True
 
     # ---- flows ----------------------------------------------------------------------------------
     def _flow(self, flow: Flow, x: _Val, tag: str) -> _Val:
@@ -261,27 +285,38 @@ class NativeDecoder:
         M = len(ids)
         if not 1 <= M <= MAX_ROWS:
             raise ValueError(f"native decode: 1..{MAX_ROWS} rows, got {M}")
-        bs = self.cache.block_size
+        bs, nb = self.cache.block_size, self.cache.num_blocks
         width = max(len(t) for t in tables)
-        tab = torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
-        if int(tab.min()) < 0 or int(tab.max()) >= self.cache.num_blocks or any(
-                not 0 <= p < len(t) * bs for t, p in zip(tables, positions)):
-            raise ValueError("native decode: block ids or positions outside the cache")
-        pos = torch.tensor(positions, dtype=torch.int64)
-        slots = torch.tensor([t[p // bs] * bs + p % bs for t, p in zip(tables, positions)], dtype=torch.int64)
-        lens = pos + 1
+        for t, p in zip(tables, positions):
+            if not 0 <= p < len(t) * bs or min(t) < 0 or max(t) >= nb:
+                raise ValueError("native decode: block ids or positions outside the cache")
+        # one tensor for ids, positions, slots, key counts and the padded tables (views of it)
+        flat = [*ids, *positions, *[t[p // bs] * bs + p % bs for t, p in zip(tables, positions)],
+                *[p + 1 for p in positions]]
+        for t in tables:
+            flat += t
+            flat += [0] * (width - len(t))
+        packed = torch.tensor(flat, dtype=torch.int64)
+        ids_t, pos, slots, lens = (packed[i * M:(i + 1) * M] for i in range(4))
+        tab = packed[4 * M:].view(M, width)
         if self.stack.position is not None and self._ropes:
-            self._rope_tables(int(pos.max()) + 1)
-        ctx = ForwardContext(positions=pos, q_lens=[1] * M, k_lens=lens.tolist(), backend=AttentionBackend())
-        ids_t = torch.tensor(ids, dtype=torch.int64)
-        self.x0[:M].copy_(self.stack.embed(self.model._env(ids_t, ctx), ctx))
-        st = step.StepState(M=M, pos=pos.data_ptr(), slots=slots.data_ptr(), lens=lens.data_ptr(),
+            self._rope_tables(max(positions) + 1)
+        if self.native_embed:
+            if min(ids) < 0 or max(ids) >= self.vocab:
+                raise IndexError(f"native decode: token ids outside the vocabulary [0, {self.vocab})")
+        else:
+            ctx = ForwardContext(positions=pos, q_lens=[1] * M, k_lens=[p + 1 for p in positions],
+                                 backend=_NO_BACKEND)
+            self.x0[:M].copy_(self.stack.embed(self.model._env(ids_t, ctx), ctx))
+        st = step.StepState(M=M, ids=ids_t.data_ptr(), pos=pos.data_ptr(), slots=slots.data_ptr(), lens=lens.data_ptr(),
                             tables=tab.data_ptr(), tstride=tab.stride(0))
         self.prog.run(st, torch.get_num_threads())
         out = self.logits.t[:M]
         # a copy: the buffer is the next step's too (a caller may hold several steps' logits: fault isolation)
         return out.clone() if out.dtype == torch.float32 else out.float()
 
+
+_NO_BACKEND = AttentionBackend()  # the embedding block's context needs one; it attends to nothing
 
 _LOWER = {
     "rmsnorm": NativeDecoder._norm,

@@ -37,13 +37,41 @@ the per-step values (rows, positions, KV slots, key counts, block tables) live i
 
 typedef struct {
     int64_t M;                                            /* rows (sequences) this step */
-    const int64_t *pos, *slots, *lens, *tables;           /* [M] each; tables [M, tstride] */
+    const int64_t *ids, *pos, *slots, *lens, *tables;     /* [M] each; tables [M, tstride] */
     int64_t tstride;
     int64_t err;                                          /* set by an op that failed (out of memory) */
 } StepState;
 
 typedef void (*op_fn)(const void *args, StepState *st, int tid, int nth);
 typedef struct { op_fn fn; const void *args; } StepOp;
+
+/* y[m] = row ids[m] of a token-embedding table [V, D]: float rows (qt < 0, already of the output type dt) copied,
+   ggml blocks (type qt, rows rb bytes apart) decoded as the reference dequantizer and rounded to dt */
+typedef struct { const void *w; void *y; int64_t qt, rb, D, dt; } Embed;
+static void op_embed(const void *p, StepState *st, int tid, int nth) {
+    const Embed *a = (const Embed *)p;
+    const size_t es = esize((int)a->dt);
+    for (int64_t m = share(st->M, tid, nth); m < share(st->M, tid + 1, nth); m++) {
+        const uint8_t *row = (const uint8_t *)a->w + st->ids[m] * a->rb;
+        char *y = (char *)a->y + (size_t)(m * a->D) * es;
+        if (a->qt < 0) {
+            memcpy(y, row, (size_t)a->D * es);
+            continue;
+        }
+        float buf[32];
+        for (int64_t sb = 0; sb < a->D / 32; sb++) {
+#ifdef __AVX512F__
+            __m512 lo, hi;
+            decode32_any((int)a->qt, row, sb, &lo, &hi);
+            _mm512_storeu_ps(buf, lo);
+            _mm512_storeu_ps(buf + 16, hi);
+#else
+            decode32_scalar((int)a->qt, row, sb, buf);
+#endif
+            store_row((int)a->dt, buf, y + (size_t)(sb * 32) * es, 32);
+        }
+    }
+}
 
 /* y[M, N] = x[M, K] W^T (+ bias): float weights of type t (0 float32, 1 bfloat16, 2 float16), y contiguous */
 typedef struct { const void *x, *w, *bias; void *y; int64_t ldx, N, K, t; } GemvF;
@@ -220,7 +248,7 @@ int step_run(const StepOp *ops, int64_t n, StepState *st, int nt, double *times)
 /* The op functions by name (step.py builds programs from these addresses); NULL for one this build lacks */
 void *step_op(const char *name) {
     static const struct { const char *name; op_fn fn; } ops[] = {
-        {"gemv_f", op_gemv_f}, {"gemv_q", op_gemv_q}, {"rmsnorm", op_rmsnorm}, {"add_rmsnorm", op_add_rmsnorm},
+        {"embed", op_embed}, {"gemv_f", op_gemv_f}, {"gemv_q", op_gemv_q}, {"rmsnorm", op_rmsnorm}, {"add_rmsnorm", op_add_rmsnorm},
         {"add", op_add}, {"silu_mul", op_silu_mul}, {"rope", op_rope}, {"kv_write", op_kv_write},
         {"attention", op_attention},
 #ifdef HAVE_VNNI

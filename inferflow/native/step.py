@@ -18,10 +18,11 @@ _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
 
 class StepState(ctypes.Structure):
-    """The per-step values every op reads: rows, and per row its position, new K/V slot, key count (the new key
-    included) and block table (int64 pointers)."""
+    """The per-step values every op reads: rows, and per row its token id, position, new K/V slot, key count (the
+    new key included) and block table (int64 pointers)."""
 
-    _fields_ = [("M", _I), ("pos", _P), ("slots", _P), ("lens", _P), ("tables", _P), ("tstride", _I), ("err", _I)]
+    _fields_ = [("M", _I), ("ids", _P), ("pos", _P), ("slots", _P), ("lens", _P), ("tables", _P), ("tstride", _I),
+                ("err", _I)]
 
 
 class _StepOp(ctypes.Structure):
@@ -32,6 +33,7 @@ _NORM = [("a", _P), ("b", _P), ("w", _P), ("s", _P), ("y", _P), ("sx", _I), ("D"
          ("wif", _I), ("lanes", _I), ("eps", _D), ("offset", _D)]
 # each op's argument struct, field for field step.c's
 _FIELDS: dict[str, list[tuple[str, Any]]] = {
+    "embed": [("w", _P), ("y", _P), ("qt", _I), ("rb", _I), ("D", _I), ("dt", _I)],
     "gemv_f": [("x", _P), ("w", _P), ("bias", _P), ("y", _P), ("ldx", _I), ("N", _I), ("K", _I), ("t", _I)],
     "gemv_q": [("w", _P), ("x", _P), ("bias", _P), ("y", _P), ("qt", _I), ("rb", _I), ("ldx", _I), ("ldy", _I),
                ("N", _I), ("K", _I)],
