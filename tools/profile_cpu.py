@@ -1,9 +1,10 @@
 """Where a CPU decode step goes: ms per engine step, then the native program's ms per op (or, op by op, a
 torch.profiler table) and a cProfile of Python.
 
-    PYTHONPATH=. python tools/profile_cpu.py MODEL.gguf [--threads 2] [--steps 10] [--grain WEIGHTS] [--op-by-op]
+    PYTHONPATH=. python tools/profile_cpu.py MODEL.gguf [--threads 2] [--steps 10] [--batch 1] [--op-by-op]
+                                                       [--dtype float32] [--grain WEIGHTS]
 
-One request (a 128-token prompt, greedy) decoding through the Engine. Where the model lowers to the native decode
+``--batch`` requests (128-token prompts, greedy) decoding together through the Engine. Where the model lowers to the native decode
 program (inferflow/model/native_decode.py) its ops are timed inside the step (each op until every thread finished
 it), summed over the layers; ``--op-by-op`` switches the program off (EngineConfig.native_decode=False) to profile
 that path. ``--grain`` sets the native block GEMV's weights-per-thread threshold (inferflow/native/gemv_ggml.c).
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--grain", type=int, default=None)
     ap.add_argument("--op-by-op", action="store_true", help="native decode program off")
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.grain:
@@ -59,8 +61,9 @@ def main() -> None:
         native_linear.set_grain(args.grain)
     eng = Engine(inferflow.load(args.model, dtype=args.dtype), EngineConfig(max_num_seqs=8, max_model_len=512,
                                                                                   native_decode=not args.op_by_op))
-    eng.add_request(list(range(10, 138)), SamplingParams(temperature=0.0, max_tokens=10 * args.steps + 64,
-                                                         ignore_eos=True))
+    for i in range(args.batch):
+        eng.add_request(list(range(10 + i, 138 + i)), SamplingParams(temperature=0.0, max_tokens=10 * args.steps + 64,
+                                                                     ignore_eos=True))
     for _ in range(2 * args.steps):  # prefill, then warm decode steps
         eng.step()
     t = time.perf_counter()

@@ -313,19 +313,29 @@ static inline __attribute__((always_inline)) __m512 load16(const void *c, int64_
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* s[t] = scale * (q . K[t]) for keys t < L of one head, float32 or bfloat16 K (dt), D = 16 DC: each key's products in DC registers of
-   fused multiply-adds, 16 keys' lanes summed at once (hsum16), the last L % 16 keys one by one */
-static inline __attribute__((always_inline)) void qk_head(const int DC, const int dt, const void *kc, const int64_t *tab,
-                                                         int64_t bs, int64_t L, int64_t Hkv, int64_t kh,
-                                                         const float *q, float scale, float *s) {
+/* Key k's row (element offset at[k]) into L1, PF_KEYS keys before its use: rows lie Hkv heads apart in scattered
+   blocks, a pattern the hardware prefetcher does not follow, and a decode step reads its whole cache from memory */
+#define PF_KEYS 16
+static inline __attribute__((always_inline)) void prefetch_row(const void *c, const int64_t *at, int64_t L,
+                                                              const int DC, const int dt, int64_t k) {
+    if (k >= L) return;
+    const char *r = (const char *)c + at[k] * (dt ? 2 : 4);
+    for (int o = 0; o < (dt ? 32 : 64) * DC; o += 64) _mm_prefetch(r + o, _MM_HINT_T0);
+}
+
+/* s[t] = scale * (q . K[t]) for keys t < L of one head, float32 or bfloat16 K (dt), D = 16 DC, key t's row at element
+   at[t]: each key's products in DC registers of fused multiply-adds, 16 keys' lanes summed at once (hsum16), the
+   last L % 16 keys one by one */
+static inline __attribute__((always_inline)) void qk_head(const int DC, const int dt, const void *kc,
+                                                         const int64_t *at, int64_t L, const float *q, float scale,
+                                                         float *s) {
     __m512 qv[8], v[16];
     for (int c = 0; c < DC; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
-    int64_t t = 0;
-    for (; t < L; t += 16) {
+    for (int64_t t = 0; t < L; t += 16) {
         const int n = L - t < 16 ? (int)(L - t) : 16;
         for (int j = 0; j < n; j++) {
-            const int64_t k = t + j;
-            const int64_t kr = ((tab[k / bs] * bs + k % bs) * Hkv + kh) * 16 * DC;
+            const int64_t kr = at[t + j];
+            prefetch_row(kc, at, L, DC, dt, t + j + PF_KEYS);
             __m512 a = _mm512_mul_ps(qv[0], load16(kc, kr, dt));
             for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(qv[c], load16(kc, kr + 16 * c, dt), a);
             v[j] = a;
@@ -338,20 +348,16 @@ static inline __attribute__((always_inline)) void qk_head(const int DC, const in
     }
 }
 
-/* acc[0 .. 16 DC) = sum over keys t (in order) of p[t] * V[t] for one head of float32 V with D = 16 DC: DC registers
-   of fused multiply-adds (a memory accumulator would wait on its own store at every key) */
-static inline __attribute__((always_inline)) void pv_head(const int DC, const int dt, const void *vc, const int64_t *tab,
-                                                         int64_t bs, int64_t L, int64_t Hkv, int64_t kh,
-                                                         const float *p, float *acc) {
+/* acc[0 .. 16 DC) = sum over keys t (in order) of p[t] * V[t] for one head (rows as qk_head's): DC registers of
+   fused multiply-adds (a memory accumulator would wait on its own store at every key) */
+static inline __attribute__((always_inline)) void pv_head(const int DC, const int dt, const void *vc,
+                                                         const int64_t *at, int64_t L, const float *p, float *acc) {
     __m512 a[8];
     for (int c = 0; c < DC; c++) a[c] = _mm512_setzero_ps();
-    for (int64_t t0 = 0; t0 < L; t0 += bs) {
-        const int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
-        for (int64_t o = 0; o < n; o++) {
-            const int64_t vr = ((base + o) * Hkv + kh) * 16 * DC;
-            const __m512 pv = _mm512_set1_ps(p[t0 + o]);
-            for (int c = 0; c < DC; c++) a[c] = _mm512_fmadd_ps(pv, load16(vc, vr + 16 * c, dt), a[c]);
-        }
+    for (int64_t t = 0; t < L; t++) {
+        prefetch_row(vc, at, L, DC, dt, t + PF_KEYS);
+        const __m512 pv = _mm512_set1_ps(p[t]);
+        for (int c = 0; c < DC; c++) a[c] = _mm512_fmadd_ps(pv, load16(vc, at[t] + 16 * c, dt), a[c]);
     }
     for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
@@ -366,18 +372,22 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
     size_t es = esize(dt);
     int64_t rep = g1 - g0, L = lens[b], h0 = kh * (H / Hkv) + g0;
     const int64_t *tab = tables + b * tstride;
-    float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4);
+    float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4 + (size_t)L * 8);
     float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
+    int64_t *at = (int64_t *)(kv + D);  /* each key's row, as an element offset into the caches */
+    for (int64_t t0 = 0, i = 0; t0 < L; t0 += bs) {
+        const int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
+        for (int64_t o = 0; o < n; o++) at[i++] = ((base + o) * Hkv + kh) * D;
+    }
     load_row(dt, (const char *)q + (size_t)(b * sq + h0 * D) * es, qf, rep * D);
 #ifdef __AVX512F__
     const int fast = D == 64 || D == 128;  /* common head sizes: sums in registers */
     if (fast) {
         for (int64_t g = 0; g < rep; g++) {
             float *sg = sc + g * L;
-            if (D == 64) dt ? qk_head(4, 1, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg)
-                            : qk_head(4, 0, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg);
-            else dt ? qk_head(8, 1, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg)
-                    : qk_head(8, 0, kc, tab, bs, L, Hkv, kh, qf + g * D, scale, sg);
+            const float *qg = qf + g * D;
+            if (D == 64) dt ? qk_head(4, 1, kc, at, L, qg, scale, sg) : qk_head(4, 0, kc, at, L, qg, scale, sg);
+            else dt ? qk_head(8, 1, kc, at, L, qg, scale, sg) : qk_head(8, 0, kc, at, L, qg, scale, sg);
         }
     } else
 #endif
@@ -397,8 +407,8 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
         for (int64_t g = 0; g < rep; g++) {
             const float *pg = sc + g * L;
             float *ag = acc + g * D;
-            if (D == 64) dt ? pv_head(4, 1, vc, tab, bs, L, Hkv, kh, pg, ag) : pv_head(4, 0, vc, tab, bs, L, Hkv, kh, pg, ag);
-            else dt ? pv_head(8, 1, vc, tab, bs, L, Hkv, kh, pg, ag) : pv_head(8, 0, vc, tab, bs, L, Hkv, kh, pg, ag);
+            if (D == 64) dt ? pv_head(4, 1, vc, at, L, pg, ag) : pv_head(4, 0, vc, at, L, pg, ag);
+            else dt ? pv_head(8, 1, vc, at, L, pg, ag) : pv_head(8, 0, vc, at, L, pg, ag);
         }
     } else
 #endif
