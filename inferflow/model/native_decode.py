@@ -95,6 +95,10 @@ class NativeDecoder:
             x = self._flow(self.stack.final, x, "final")
         out = self._flow(net.head, x, "head")
         self.logits = out
+        # where the last op writes the logits buffer (a head GEMV), each step gets a fresh float32 output instead
+        last = self.prog.args[-1]
+        self._out_args = last if (getattr(last, "y", None) == out.t.data_ptr() and out.t.dtype == torch.float32
+                                  and out.ld == out.n) else None
 
     @classmethod
     def build(cls, model: Any, cache: Any) -> "NativeDecoder | None":
@@ -310,9 +314,15 @@ class NativeDecoder:
             self.x0[:M].copy_(self.stack.embed(self.model._env(ids_t, ctx), ctx))
         st = step.StepState(M=M, ids=ids_t.data_ptr(), pos=pos.data_ptr(), slots=slots.data_ptr(), lens=lens.data_ptr(),
                             tables=tab.data_ptr(), tstride=tab.stride(0))
+        # the logits are the caller's own: a caller may hold several steps' (fault isolation reruns rows one by one)
+        fresh = None
+        if self._out_args is not None:
+            fresh = torch.empty(M, self.logits.n, dtype=torch.float32)
+            self._out_args.y = fresh.data_ptr()
         self.prog.run(st, torch.get_num_threads())
+        if fresh is not None:
+            return fresh
         out = self.logits.t[:M]
-        # a copy: the buffer is the next step's too (a caller may hold several steps' logits: fault isolation)
         return out.clone() if out.dtype == torch.float32 else out.float()
 
 
