@@ -299,9 +299,9 @@ INLINE void decode32_any(const int qt, const uint8_t *row, int64_t sb, __m512 *l
 }
 
 /* The bytes [at, at + n) of a 4-row tile's stream (rows are adjacent: a thread's groups are one sequential read),
-   PF_AHEAD bytes ahead, into L1. A thread streaming cold weights reached ~7 GB/s on the hardware prefetcher alone
-   and ~12-24 GB/s with this (2-core VM, Q4_0 3072 x 576 and the Q8_0 49152 x 576 head: 1.5-1.9x); prefetches
-   past the matrix's end are harmless hints. */
+   PF_AHEAD bytes ahead, into L1: a decode step's weights come from memory, and the hardware prefetcher alone left
+   the decode waiting on them (tools/bench_native_stream.py: cached vs streamed weights). Prefetches past the
+   matrix's end are harmless hints. */
 #define PF_AHEAD 4096
 INLINE void prefetch_ahead(const uint8_t *w, int64_t at, int n) {
     for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)w + PF_AHEAD + at + o, _MM_HINT_T0);
