@@ -21,7 +21,10 @@ def server(tmp_path_factory):
     from inferflow.service import config_from_dict, create_app
 
     folder = str(chat_llama(tmp_path_factory.mktemp("cancel") / "m"))
-    cfg = config_from_dict({"models": [{"name": "tiny", "source": folder, "engine": {"num_blocks": 64},
+    # op by op: these tests need 3000-token requests that outlast 0.3-0.5 s client timeouts, and the native decode
+    # program runs this 64-wide model's steps fast enough to finish first (the cancellation paths are the engine's)
+    cfg = config_from_dict({"models": [{"name": "tiny", "source": folder,
+                                        "engine": {"num_blocks": 64, "native_decode": False},
                                         "overrides": {"max_position_embeddings": 4096}}]})
     app = create_app(cfg)
     with LiveServer(app) as srv:
