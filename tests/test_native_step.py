@@ -121,13 +121,24 @@ def test_tokens_match_native_off(tmp_path):
     assert [r.outputs[0].token_ids for r in got[0]] == [r.outputs[0].token_ids for r in got[1]]
 
 
-def test_unsupported_models_keep_the_op_by_op_path(tmp_path):
-    # q/k norms (a Qwen3-style layer) are not in the program
+def test_qk_norms_same_logits_as_op_by_op(tmp_path):
+    """Per-head q/k RMSNorms (a Qwen3-style layer) run in the program too."""
     cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(tmp_path / "q3")
-    qwen3 = inferflow.load(str(tmp_path / "q3"))
-    eng = _engine(qwen3)
+    torch.manual_seed(0)
+    engine_models._perturb(transformers.Qwen3ForCausalLM(cfg).eval()).save_pretrained(tmp_path / "q3")
+    for dtype in ("float32", "bfloat16"):
+        model = inferflow.load(str(tmp_path / "q3"), dtype=dtype)
+        eng = _engine(model)
+        assert any(n.startswith("head_rmsnorm") for n in eng.runner.native.prog.names)
+        _both_ways(eng, PROMPTS[:3], 5)
+
+
+def test_unsupported_models_keep_the_op_by_op_path(tmp_path):
+    # LayerNorm and learned positions (a GPT-2 layer) are not in the program
+    cfg = transformers.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(tmp_path / "g2")
+    eng = _engine(inferflow.load(str(tmp_path / "g2")))
     assert eng.runner.native is None
     out = eng.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4

@@ -4,10 +4,11 @@ Why: on a CPU a small model's decode step is mostly fixed costs (see step.c); on
 
 The lowering walks the assembled flows as :class:`~inferflow.model.flow.Flow` runs them and maps each step's
 component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSNorm, residual adds, attention
-(projections, rotate-half RoPE, the K/V write and paged attention over the engine's cache, the output projection),
+(projections, per-head q/k RMSNorms, rotate-half RoPE, the K/V write and paged attention over the engine's cache,
+the output projection),
 gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The ops are the kernels
 the op-by-op path calls, so the logits are the same bits. A step it does not know (another component, or a feature
-the kernels lack: ALiBi, sliding windows, soft-caps, q/k norms, quantized or host-resident K/V) raises
+the kernels lack: ALiBi, sliding windows, soft-caps, whole-projection q/k norms, quantized or host-resident K/V) raises
 :class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or ggml blocks, decoded
 exactly), the final block and the head are in the program too (a scaled embedding stays a torch lookup).
 """
@@ -242,9 +243,12 @@ class NativeDecoder:
         return self._linear(m.down_proj, _Val(out, inter, inter), tag + ".down")
 
     def _attention(self, m: Any, x: _Val, tag: str) -> _Val:
-        if (m.cross or not m.causal or m.softcap is not None or m.window is not None or m.clip_qkv is not None
-                or m.q_norm is not None):
+        if m.cross or not m.causal or m.softcap is not None or m.window is not None or m.clip_qkv is not None:
             raise Unsupported(f"{tag}: attention features")
+        if m.q_norm is not None and not (m.qk_norm_per_head and all(
+                _name(n) == "rmsnorm" and "fused_pending" not in n.__dict__ and n.weight.dtype in _DT
+                and tuple(n.weight.shape) == (m.d,) for n in (m.q_norm, m.k_norm))):
+            raise Unsupported(f"{tag}: q/k norms other than per-head RMSNorm")
         st = self.cache._dev.get(m.cache_key)
         if st is None or st.k.device.type != "cpu" or st.k.dtype != self.dtype:
             raise Unsupported(f"{tag}: no plain CPU K/V layer")
@@ -258,7 +262,17 @@ class NativeDecoder:
             raise Unsupported(f"{tag}: separate q/k/v projections (the engine fuses them: fuse_projections)")
         qkv = self._linear(m.qkv_proj, x, tag + ".qkv")
         heads = self._buf((h + hkv) * d, tag + ".heads")  # rotated q | k heads [M, H + Hkv, D]
-        self._ropes.append(self.prog.add("rope", _label(tag), x=qkv.t, out=heads, sxn=qkv.ld, sxh=d, H=h + hkv, D=d, dt=self.dt))
+        src, sxn = qkv.t.data_ptr(), qkv.ld
+        if m.q_norm is not None:  # per-head RMSNorms into the heads buffer, rotated there in place
+            for norm, first, count in ((m.q_norm, 0, h), (m.k_norm, h, hkv)):
+                self.prog.add("head_rmsnorm", _label(tag) + ".qk_norm", x=qkv.at(first * d), w=norm.weight,
+                              y=heads.data_ptr() + first * d * heads.element_size(), sx=qkv.ld, sy=(h + hkv) * d,
+                              per=count, D=d, dt=self.dt, wdt=_DT[norm.weight.dtype],
+                              wif=int(norm.weight_in_float or self.dt == 0), lanes=8, eps=norm.eps,
+                              offset=norm.offset)
+            src, sxn = heads.data_ptr(), (h + hkv) * d
+        self._ropes.append(self.prog.add("rope", _label(tag), x=src, out=heads, sxn=sxn, sxh=d, H=h + hkv, D=d,
+                                         dt=self.dt))
         out = self._buf(qd, tag + ".attn")
         es = heads.element_size()
         args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,

@@ -132,6 +132,19 @@ static void op_add_rmsnorm(const void *p, StepState *st, int tid, int nth) {
                         (float)a->offset, (int)a->wif, (int)a->lanes);
 }
 
+/* Per-head RMSNorm (q/k norms): head h < per of token m at x + m * sx + h * D (elements) -> y + m * sy + h * D */
+typedef struct { const void *x, *w; void *y; int64_t sx, sy, per, D, dt, wdt, wif, lanes; double eps, offset; } HeadNorm;
+static void op_head_rmsnorm(const void *p, StepState *st, int tid, int nth) {
+    const HeadNorm *a = (const HeadNorm *)p;
+    const size_t es = esize((int)a->dt);
+    for (int64_t r = share(st->M * a->per, tid, nth); r < share(st->M * a->per, tid + 1, nth); r++) {
+        const int64_t m = r / a->per, h = r % a->per;
+        rmsnorm_row((int)a->dt, (const char *)a->x + (size_t)(m * a->sx + h * a->D) * es, 0, a->w, (int)a->wdt,
+                    (char *)a->y + (size_t)(m * a->sy + h * a->D) * es, 0, a->D, (float)a->eps, (float)a->offset,
+                    (int)a->wif, (int)a->lanes);
+    }
+}
+
 /* y = a + b over [M, D] contiguous rows, rounded to the dtype as torch's add */
 typedef struct { const void *a, *b; void *y; int64_t D, dt; } Add;
 static void op_add(const void *p, StepState *st, int tid, int nth) {
@@ -249,6 +262,7 @@ int step_run(const StepOp *ops, int64_t n, StepState *st, int nt, double *times)
 void *step_op(const char *name) {
     static const struct { const char *name; op_fn fn; } ops[] = {
         {"embed", op_embed}, {"gemv_f", op_gemv_f}, {"gemv_q", op_gemv_q}, {"rmsnorm", op_rmsnorm}, {"add_rmsnorm", op_add_rmsnorm},
+        {"head_rmsnorm", op_head_rmsnorm},
         {"add", op_add}, {"silu_mul", op_silu_mul}, {"rope", op_rope}, {"kv_write", op_kv_write},
         {"attention", op_attention},
 #ifdef HAVE_VNNI

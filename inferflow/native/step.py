@@ -42,6 +42,8 @@ _FIELDS: dict[str, list[tuple[str, Any]]] = {
                  ("N", _I), ("K", _I)],
     "rmsnorm": _NORM,
     "add_rmsnorm": _NORM,
+    "head_rmsnorm": [("x", _P), ("w", _P), ("y", _P), ("sx", _I), ("sy", _I), ("per", _I), ("D", _I), ("dt", _I),
+                     ("wdt", _I), ("wif", _I), ("lanes", _I), ("eps", _D), ("offset", _D)],
     "add": [("a", _P), ("b", _P), ("y", _P), ("D", _I), ("dt", _I)],
     "silu_mul": [("g", _P), ("u", _P), ("out", _P), ("sg", _I), ("su", _I), ("I", _I), ("dt", _I)],
     "rope": [("x", _P), ("cos", _P), ("sin", _P), ("out", _P), ("sxn", _I), ("sxh", _I), ("H", _I), ("D", _I),
