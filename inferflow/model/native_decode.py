@@ -4,13 +4,13 @@ Why: on a CPU a small model's decode step is mostly fixed costs (see step.c); on
 
 The lowering walks the assembled flows as :class:`~inferflow.model.flow.Flow` runs them and maps each step's
 component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSNorm, residual adds, attention
-(projections, per-head q/k RMSNorms, rotate-half RoPE, the K/V write and paged attention over the engine's cache,
-the output projection),
-gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The ops are the kernels
-the op-by-op path calls, so the logits are the same bits. A step it does not know (another component, or a feature
-the kernels lack: ALiBi, sliding windows, soft-caps, whole-projection q/k norms, quantized or host-resident K/V) raises
-:class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or ggml blocks, decoded
-exactly), the final block and the head are in the program too (a scaled embedding stays a torch lookup).
+(projections, per-head q/k RMSNorms, rotate-half RoPE, the K/V write and paged attention over the engine's cache, the
+output projection), gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The
+ops are the kernels the op-by-op path calls, so the logits are the same bits. A step it does not know (another
+component, or a feature the kernels lack: ALiBi, sliding windows, soft-caps, whole-projection q/k norms, quantized or
+host-resident K/V) raises :class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or
+ggml blocks, decoded exactly), the final block and the head are in the program too (a scaled embedding stays a torch
+lookup).
 """
 from __future__ import annotations
 
