@@ -109,14 +109,15 @@ def _cache(lens, hkv, d, dtype, seed=0):
     return cache, tables
 
 
-def _decode(cache, tables, lens, q, k, v, rows=None):
+def _decode(cache, tables, lens, q, k, v, rows=None, window=None):
     """One pure-decode attention step of the sequences ``rows`` (default all) through the paged backend."""
     rows = list(range(len(lens))) if rows is None else rows
     tabs, ls = [tables[i] for i in rows], [lens[i] for i in rows]
     slots = cache.slot_mapping(tabs, ls, [1] * len(rows))
     be = PagedAttentionBackend(cache, tabs, slots)
     ctx = ForwardContext(positions=torch.tensor(ls), q_lens=[1] * len(rows), k_lens=[n + 1 for n in ls], backend=be)
-    return be.self_attention(0, q[rows], k[rows], v[rows], ctx, causal=True, scale=q.shape[-1] ** -0.5)
+    return be.self_attention(0, q[rows], k[rows], v[rows], ctx, causal=True, scale=q.shape[-1] ** -0.5,
+                             window=window)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -145,6 +146,29 @@ def test_paged_decode_matches_torch(dtype, h, hkv, d, native):
         assert torch.equal(getattr(cache._dev[0], store), getattr(ref_cache._dev[0], store))
     alone = [_decode(*_cache(lens, hkv, d, dtype), lens, q, k, v, rows=[i])[0] for i in range(len(lens))]
     assert torch.equal(torch.stack(alone), got)  # a sequence's result does not depend on its batch
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [16, 64])
+@pytest.mark.parametrize("window", [1, 5, 17])
+def test_paged_decode_sliding_window_matches_torch(dtype, d, window, native):
+    """A sliding window (each query sees its last ``window`` keys) through the native kernel, as the torch path
+    masks it; windows starting mid-block and longer than some histories."""
+    lens = [9, 14, 3, 4, 0, 21, 40]
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(len(lens), n, d, generator=g).to(dtype) for n in (4, 2, 2))
+    native(False)
+    ref = _decode(*_cache(lens, 2, d, dtype), lens, q, k, v, window=window)
+    native(True)
+    called = []
+    orig = cpu_ops.paged_decode
+    try:
+        cpu_ops.paged_decode = lambda *a, **kw: called.append(1) or orig(*a, **kw)
+        got = _decode(*_cache(lens, 2, d, dtype), lens, q, k, v, window=window)
+    finally:
+        cpu_ops.paged_decode = orig
+    assert called, "the native kernel did not serve"
+    _close(got, ref, dtype)
 
 
 def test_paged_decode_thread_count_invariant(native):

@@ -134,6 +134,19 @@ def test_qk_norms_same_logits_as_op_by_op(tmp_path):
         _both_ways(eng, PROMPTS[:3], 5)
 
 
+def test_sliding_window_same_logits_as_op_by_op(tmp_path):
+    """A Mistral-style sliding window shorter than the prompts: each query attends to its last 6 keys."""
+    cfg = transformers.MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
+                                     max_position_embeddings=256)
+    torch.manual_seed(0)
+    engine_models._perturb(transformers.MistralForCausalLM(cfg).eval()).save_pretrained(tmp_path / "m")
+    eng = _engine(inferflow.load(str(tmp_path / "m")))
+    assert eng.runner.native.prog.args[next(i for i, n in enumerate(eng.runner.native.prog.names)
+                                            if n.startswith("attention"))].win == 6
+    _both_ways(eng, PROMPTS, 5)
+
+
 def test_unsupported_models_keep_the_op_by_op_path(tmp_path):
     # LayerNorm and learned positions (a GPT-2 layer) are not in the program
     cfg = transformers.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=128)

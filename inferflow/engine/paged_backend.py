@@ -122,8 +122,8 @@ class PagedAttentionBackend(AttentionBackend):
             return self._dense.self_attention(key, q, k, v, ctx, causal=causal, scale=scale, window=window,
                                               softcap=softcap, bias_fn=bias_fn)
         p = self._plan_for(ctx)
-        if p.pure and q.device.type == "cpu" and window is None and softcap is None and bias_fn is None:
-            out = self._native_decode(key, p, q, k, v, scale)  # K/V write + attention as one native call
+        if p.pure and q.device.type == "cpu" and softcap is None and bias_fn is None:
+            out = self._native_decode(key, p, q, k, v, scale, window)  # K/V write + attention as one native call
             if out is not None:
                 return out
         sdev, cdev = kv.storage_device(key), kv.compute_device(key)
@@ -175,7 +175,7 @@ class PagedAttentionBackend(AttentionBackend):
             return None
 
     def _native_decode(self, key: int, p: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       scale: float) -> torch.Tensor | None:
+                       scale: float, window: int | None = None) -> torch.Tensor | None:
         """A pure-decode CPU batch's K/V write and attention over its blocks, read in place, as one native call
         (inferflow/native/cpu_ops.py; float32 softmax, per-sequence results independent of the batch); None: the
         torch path runs (native ops off, quantized or off-CPU K/V, a dtype the kernel does not take)."""
@@ -193,7 +193,7 @@ class PagedAttentionBackend(AttentionBackend):
         if stores is None:
             return None
         kv.release_claim()  # no kv.write follows: nothing to skip
-        return cpu_ops.paged_decode(q, k, v, stores[0], stores[1], batch, scale)
+        return cpu_ops.paged_decode(q, k, v, stores[0], stores[1], batch, scale, window)
 
     def _decode(self, key: int, p: _Plan, q: torch.Tensor, sdev: torch.device, cdev: torch.device, causal: bool,
                 scale: float, window: int | None, softcap: float | None, bias_fn: BiasFn | None) -> torch.Tensor:

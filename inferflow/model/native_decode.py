@@ -7,7 +7,7 @@ component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSN
 (projections, per-head q/k RMSNorms, rotate-half RoPE, the K/V write and paged attention over the engine's cache, the
 output projection), gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The
 ops are the kernels the op-by-op path calls, so the logits are the same bits. A step it does not know (another
-component, or a feature the kernels lack: ALiBi, sliding windows, soft-caps, whole-projection q/k norms, quantized or
+component, or a feature the kernels lack: ALiBi, soft-caps, whole-projection q/k norms, quantized or
 host-resident K/V) raises :class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or
 ggml blocks, decoded exactly), the final block and the head are in the program too (a scaled embedding stays a torch
 lookup).
@@ -243,7 +243,7 @@ class NativeDecoder:
         return self._linear(m.down_proj, _Val(out, inter, inter), tag + ".down")
 
     def _attention(self, m: Any, x: _Val, tag: str) -> _Val:
-        if m.cross or not m.causal or m.softcap is not None or m.window is not None or m.clip_qkv is not None:
+        if m.cross or not m.causal or m.softcap is not None or m.clip_qkv is not None:
             raise Unsupported(f"{tag}: attention features")
         if m.q_norm is not None and not (m.qk_norm_per_head and all(
                 _name(n) == "rmsnorm" and "fused_pending" not in n.__dict__ and n.weight.dtype in _DT
@@ -277,7 +277,7 @@ class NativeDecoder:
         es = heads.element_size()
         args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,
                     sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d, bs=self.cache.block_size,
-                    dt=self.dt, scale=m.scale)
+                    dt=self.dt, win=m.window or 0, scale=m.scale)
         self.prog.add("kv_write", _label(tag), **args)
         self.prog.add("attention", _label(tag), **args)
         return self._linear(m.o_proj, _Val(out, qd, qd), tag + ".o")

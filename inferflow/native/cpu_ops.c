@@ -293,12 +293,12 @@ void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_
 /* One decode step of attention for B sequences over the paged cache, in place.
  * q [B, H, D] (row stride sq, heads contiguous); knew/vnew [B, Hkv, D] (row strides skn/svn, heads contiguous) are
  * first stored at slots[b] of the flat caches kc/vc [S, Hkv, D] (S = blocks * bs; knew NULL: already stored); then
- * query b attends to its first lens[b] keys (paged_task). GQA: q head h reads kv head h / (H / Hkv). One task per
+ * query b attends to its first lens[b] keys, or with win > 0 the last win of them (paged_task). GQA: q head h reads kv head h / (H / Hkv). One task per
  * (sequence, kv head). */
 void cpu_paged_decode(int dt, const void *q, int64_t sq, const void *knew, int64_t skn, const void *vnew,
                       int64_t svn, void *kc, void *vc, const int64_t *slots, const int64_t *tables, int64_t tstride,
                       const int64_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
-                      void *out, int nt) {
+                      int64_t win, void *out, int nt) {
     size_t es = esize(dt), row = (size_t)(Hkv * D) * es;
     if (knew != NULL) {
         for (int64_t b = 0; b < B; b++) {
@@ -313,7 +313,7 @@ void cpu_paged_decode(int dt, const void *q, int64_t sq, const void *knew, int64
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
     for (int64_t task = 0; task < B * Hkv; task++)
         paged_task(dt, q, sq, kc, vc, tables, tstride, lens, task / Hkv, task % Hkv, 0, H / Hkv, H, Hkv, D, bs, scale,
-                   out);
+                   win, out);
 }
 
 /* out[r] = the index of the first maximum of row r of x [rows, n] (float32, row stride sx), as torch.argmax: a NaN

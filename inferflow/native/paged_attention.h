@@ -80,64 +80,60 @@ static inline __attribute__((always_inline)) void pv_head(const int DC, const in
 #endif
 
 /* Decode attention of sequence b's query heads kh * rep + [g0, g1) (rep = H / Hkv: those of kv head kh) over the
- * paged cache: queries from q + b * sq; keys 0 .. lens[b] - 1 at slots tables[b * tstride + t / bs] * bs + t % bs
+ * paged cache: queries from q + b * sq; keys 0 .. lens[b] - 1 (win > 0: only the last win of them) at slots tables[b * tstride + t / bs] * bs + t % bs
  * of the flat caches kc/vc [S, Hkv, D]; scores and softmax in float32, summed in key order; out [B, H, D]. */
 static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const void *vc, const int64_t *tables,
                        int64_t tstride, const int64_t *lens, int64_t b, int64_t kh, int64_t g0, int64_t g1, int64_t H,
-                       int64_t Hkv, int64_t D, int64_t bs, float scale, void *out) {
+                       int64_t Hkv, int64_t D, int64_t bs, float scale, int64_t win, void *out) {
     size_t es = esize(dt);
     int64_t rep = g1 - g0, L = lens[b], h0 = kh * (H / Hkv) + g0;
+    const int64_t s0 = win > 0 && L > win ? L - win : 0, n = L - s0;  /* a sliding window: the last win keys */
     const int64_t *tab = tables + b * tstride;
-    float *qf = malloc((size_t)(rep * D + rep * L + rep * D + D) * 4 + (size_t)L * 8);
-    float *sc = qf + rep * D, *acc = sc + rep * L, *kv = acc + rep * D;
+    float *qf = malloc((size_t)(rep * D + rep * n + rep * D + D) * 4 + (size_t)n * 8);
+    float *sc = qf + rep * D, *acc = sc + rep * n, *kv = acc + rep * D;
     int64_t *at = (int64_t *)(kv + D);  /* each key's row, as an element offset into the caches */
-    for (int64_t t0 = 0, i = 0; t0 < L; t0 += bs) {
-        const int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
-        for (int64_t o = 0; o < n; o++) at[i++] = ((base + o) * Hkv + kh) * D;
+    for (int64_t t = s0, i = 0; t < L;) {
+        const int64_t base = tab[t / bs] * bs, o0 = t % bs, m = bs - o0 < L - t ? bs - o0 : L - t;
+        for (int64_t o = 0; o < m; o++) at[i++] = ((base + o0 + o) * Hkv + kh) * D;
+        t += m;
     }
     load_row(dt, (const char *)q + (size_t)(b * sq + h0 * D) * es, qf, rep * D);
 #ifdef __AVX512F__
     const int fast = D == 64 || D == 128;  /* common head sizes: sums in registers */
     if (fast) {
         for (int64_t g = 0; g < rep; g++) {
-            float *sg = sc + g * L;
+            float *sg = sc + g * n;
             const float *qg = qf + g * D;
-            if (D == 64) dt ? qk_head(4, 1, kc, at, L, qg, scale, sg) : qk_head(4, 0, kc, at, L, qg, scale, sg);
-            else dt ? qk_head(8, 1, kc, at, L, qg, scale, sg) : qk_head(8, 0, kc, at, L, qg, scale, sg);
+            if (D == 64) dt ? qk_head(4, 1, kc, at, n, qg, scale, sg) : qk_head(4, 0, kc, at, n, qg, scale, sg);
+            else dt ? qk_head(8, 1, kc, at, n, qg, scale, sg) : qk_head(8, 0, kc, at, n, qg, scale, sg);
         }
     } else
 #endif
-    for (int64_t t0 = 0; t0 < L; t0 += bs) {  /* block by block: slot = block id * bs + offset */
-        int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
-        for (int64_t o = 0; o < n; o++) {
-            const char *kp = (const char *)kc + (size_t)(((base + o) * Hkv + kh) * D) * es;
-            const float *kr = (const float *)kp;
-            if (dt) { load_row(dt, kp, kv, D); kr = kv; }
-            for (int64_t g = 0; g < rep; g++) sc[g * L + t0 + o] = dot(qf + g * D, kr, D) * scale;
-        }
+    for (int64_t t = 0; t < n; t++) {  /* key by key, in order */
+        const char *kp = (const char *)kc + (size_t)at[t] * es;
+        const float *kr = (const float *)kp;
+        if (dt) { load_row(dt, kp, kv, D); kr = kv; }
+        for (int64_t g = 0; g < rep; g++) sc[g * n + t] = dot(qf + g * D, kr, D) * scale;
     }
-    for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * L, L);
+    for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * n, n);
     memset(acc, 0, (size_t)(rep * D) * 4);
 #ifdef __AVX512F__
     if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
         for (int64_t g = 0; g < rep; g++) {
-            const float *pg = sc + g * L;
+            const float *pg = sc + g * n;
             float *ag = acc + g * D;
-            if (D == 64) dt ? pv_head(4, 1, vc, at, L, pg, ag) : pv_head(4, 0, vc, at, L, pg, ag);
-            else dt ? pv_head(8, 1, vc, at, L, pg, ag) : pv_head(8, 0, vc, at, L, pg, ag);
+            if (D == 64) dt ? pv_head(4, 1, vc, at, n, pg, ag) : pv_head(4, 0, vc, at, n, pg, ag);
+            else dt ? pv_head(8, 1, vc, at, n, pg, ag) : pv_head(8, 0, vc, at, n, pg, ag);
         }
     } else
 #endif
-    for (int64_t t0 = 0; t0 < L; t0 += bs) {
-        int64_t base = tab[t0 / bs] * bs, n = L - t0 < bs ? L - t0 : bs;
-        for (int64_t o = 0; o < n; o++) {
-            const char *vp = (const char *)vc + (size_t)(((base + o) * Hkv + kh) * D) * es;
-            const float *vr = (const float *)vp;
-            if (dt) { load_row(dt, vp, kv, D); vr = kv; }
-            for (int64_t g = 0; g < rep; g++) {
-                float p = sc[g * L + t0 + o], *a = acc + g * D;
-                for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
-            }
+    for (int64_t t = 0; t < n; t++) {
+        const char *vp = (const char *)vc + (size_t)at[t] * es;
+        const float *vr = (const float *)vp;
+        if (dt) { load_row(dt, vp, kv, D); vr = kv; }
+        for (int64_t g = 0; g < rep; g++) {
+            float p = sc[g * n + t], *a = acc + g * D;
+            for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
         }
     }
     store_row(dt, acc, (char *)out + (size_t)((b * H + h0) * D) * es, rep * D);

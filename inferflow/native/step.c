@@ -187,7 +187,7 @@ static void op_rope(const void *p, StepState *st, int tid, int nth) {
 /* Attention of each row over the paged cache (cpu_paged_decode's arithmetic): kv_write stores the rows' new K/V
    heads at their slots, then attention runs (row, kv head) tasks, or (row, query head) ones where those are too few
    to keep every thread busy (a head's result does not depend on the task it is in). */
-typedef struct { const void *q, *knew, *vnew; void *kc, *vc, *out; int64_t sq, skn, svn, H, Hkv, D, bs, dt;
+typedef struct { const void *q, *knew, *vnew; void *kc, *vc, *out; int64_t sq, skn, svn, H, Hkv, D, bs, dt, win;
                  double scale; } Attn;
 static void op_kv_write(const void *p, StepState *st, int tid, int nth) {
     const Attn *a = (const Attn *)p;
@@ -206,7 +206,7 @@ static void op_attention(const void *p, StepState *st, int tid, int nth) {
     for (int64_t t = share(tasks, tid, nth); t < share(tasks, tid + 1, nth); t++) {
         const int64_t b = t / (a->Hkv * parts), kh = t / parts % a->Hkv, g0 = t % parts * per;
         paged_task((int)a->dt, a->q, a->sq, a->kc, a->vc, st->tables, st->tstride, st->lens, b, kh, g0, g0 + per,
-                   a->H, a->Hkv, a->D, a->bs, (float)a->scale, a->out);
+                   a->H, a->Hkv, a->D, a->bs, (float)a->scale, a->win, a->out);
     }
 }
 

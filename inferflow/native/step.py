@@ -50,7 +50,7 @@ _FIELDS: dict[str, list[tuple[str, Any]]] = {
              ("dt", _I)],
     "attention": [("q", _P), ("knew", _P), ("vnew", _P), ("kc", _P), ("vc", _P), ("out", _P), ("sq", _I),
                   ("skn", _I), ("svn", _I), ("H", _I), ("Hkv", _I), ("D", _I), ("bs", _I), ("dt", _I),
-                  ("scale", _D)],
+                  ("win", _I), ("scale", _D)],
 }
 _FIELDS["kv_write"] = _FIELDS["attention"]  # the same struct: one fills both ops
 _STRUCTS = {name: type(f"Op_{name}", (ctypes.Structure,), {"_fields_": f}) for name, f in _FIELDS.items()}
