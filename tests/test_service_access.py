@@ -107,8 +107,9 @@ def _listen_address(port):
 
 
 def test_process_keys_bind_and_graceful_sigterm(folder, tmp_path):
+    # the long stream must outlive the 1.5 s grace: 15000 tokens (a decode step of this model is ~0.2 ms natively)
     config = {"shutdown_grace": 1.5, "models": [{"name": "tiny", "source": str(folder),
-                                                 "overrides": {"max_position_embeddings": 4096}}]}
+                                                 "overrides": {"max_position_embeddings": 16384}}]}
     svc = ServiceProcess(config, args=["--api-key", "sk-cli"], env={"INFERFLOW_API_KEY": "sk-env"})
     try:
         if Path("/proc/net/tcp").exists():
@@ -128,7 +129,7 @@ def test_process_keys_bind_and_graceful_sigterm(folder, tmp_path):
                         events[name].append(line[6:])
                         started[name].set()
 
-        threads = [threading.Thread(target=stream, args=("long", 3000)), threading.Thread(target=stream,
+        threads = [threading.Thread(target=stream, args=("long", 15000)), threading.Thread(target=stream,
                                                                                            args=("short", 40))]
         for t in threads:
             t.start()

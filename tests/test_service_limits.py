@@ -25,7 +25,7 @@ def test_overloaded_503_and_429(tmp_path):
     from inferflow.service import config_from_dict, create_app
 
     folder = str(chat_llama(tmp_path / "m"))
-    long_ctx = {"max_position_embeddings": 4096}
+    long_ctx = {"max_position_embeddings": 16384}  # requests that outlast the checks below (15000 tokens)
     cfg = config_from_dict({"max_concurrent_requests": 3, "retry_after": 2, "models": [
         {"name": "busy", "source": folder, "overrides": long_ctx, "engine": {"max_num_seqs": 1, "max_waiting": 1}},
         {"name": "free", "source": folder, "overrides": long_ctx}]})
@@ -33,7 +33,7 @@ def test_overloaded_503_and_429(tmp_path):
     state = app.state.service
     with LiveServer(app) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
-        long = dict(messages=MSG, max_tokens=3000, stream=True, extra_body={"ignore_eos": True})
+        long = dict(messages=MSG, max_tokens=15000, stream=True, extra_body={"ignore_eos": True})
         a = client.chat.completions.create(model="busy", **long)
         next(iter(a))
         b = client.chat.completions.create(model="busy", **long)   # queued behind a (max_num_seqs 1)
@@ -61,6 +61,6 @@ def test_overloaded_503_and_429(tmp_path):
         aborted = free.engine.metrics()["requests_aborted"]
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(srv.url + "/v1/completions", timeout=httpx.Timeout(5.0, read=0.5), json={
-                "model": "free", "prompt": "hello", "max_tokens": 3000, "ignore_eos": True})
+                "model": "free", "prompt": "hello", "max_tokens": 15000, "ignore_eos": True})
         _idle(free)
         assert free.engine.metrics()["requests_aborted"] == aborted + 1 and state.slots.used == 0
