@@ -90,12 +90,13 @@ def test_rope_is_the_table_rotation_bitwise(dtype, native):
         assert torch.equal(got, ref)
 
 
-def _cache(lens, hkv, d, dtype, seed=0):
+def _cache(lens, hkv, d, dtype, seed=0, store=None):
     """A one-layer paged cache holding ``lens[i]`` random keys of each sequence in shuffled blocks (each table has
-    room for one more token: the decode step's)."""
+    room for one more token: the decode step's); ``store``: the cache's dtype when not ``dtype``."""
     bs = 4
     cache = PagedKVCache([KVLayer(0, hkv, d)], sum(math.ceil((n + 1) / bs) for n in lens) + 3, bs,
-                         dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype], compute_dtype=dtype)
+                         dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[store or dtype],
+                         compute_dtype=dtype)
     blocks = cache.pool.allocate(cache.pool.num_free)
     perm = [blocks[i] for i in torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed)).tolist()]
     tables = []
@@ -146,6 +147,32 @@ def test_paged_decode_matches_torch(dtype, h, hkv, d, native):
         assert torch.equal(getattr(cache._dev[0], store), getattr(ref_cache._dev[0], store))
     alone = [_decode(*_cache(lens, hkv, d, dtype), lens, q, k, v, rows=[i])[0] for i in range(len(lens))]
     assert torch.equal(torch.stack(alone), got)  # a sequence's result does not depend on its batch
+
+
+@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 2, 16)])
+def test_paged_decode_bfloat16_cache_under_float32(h, hkv, d, native):
+    """kv_cache_dtype bfloat16 for a float32 model: the kernel rounds the new K/V as the torch write does and reads
+    the bfloat16 rows exactly."""
+    lens = [9, 14, 3, 40]
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(len(lens), n, d, generator=g) for n in (h, hkv, hkv))
+    native(False)
+    ref_cache, tables = _cache(lens, hkv, d, torch.float32, store=torch.bfloat16)
+    ref = _decode(ref_cache, tables, lens, q, k, v)
+    native(True)
+    cache, tables = _cache(lens, hkv, d, torch.float32, store=torch.bfloat16)
+    called = []
+    orig = cpu_ops.paged_decode
+    try:
+        cpu_ops.paged_decode = lambda *a, **kw: called.append(orig(*a, **kw)) or called[-1]
+        got = _decode(cache, tables, lens, q, k, v)
+    finally:
+        cpu_ops.paged_decode = orig
+    assert called and called[0] is not None, "the native kernel did not serve"
+    assert cache._dev[0].k.dtype == torch.bfloat16 and got.dtype == torch.float32
+    for store in ("k", "v"):
+        assert torch.equal(getattr(cache._dev[0], store), getattr(ref_cache._dev[0], store))
+    _close(got, ref, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -203,9 +230,13 @@ def test_tiny_llama_tokens_equal_native_on_off(tmp_path, native):
     assert outs[True][0] == outs[True][1]  # batched == alone
 
 
-def test_default_model_tokens_equal_native_on_off(native):
+def test_default_model_tokens_equal_native_on_off(native, monkeypatch):
     import inferflow
     from inferflow.default_model import default_model_path
+
+    # the exact block decode: int8 activations (the default) re-round any last-bit difference of the ops into a
+    # different code, enough to flip this nonsense prompt's low-margin tokens; the ops' arithmetic is the question
+    monkeypatch.setenv("INFERFLOW_NATIVE_Q8X", "0")
 
     try:
         path = default_model_path()

@@ -86,6 +86,14 @@ def test_int8_activation_kernel(qtype):
     assert _err(y, exact) <= Q8X_TOL
     one = torch.cat([native_linear.gemv_q8x(blocks, int(qtype), shape, x[i:i + 1]) for i in range(16)])
     assert torch.equal(one, y)
+    # rows 32..36 are a tail (16 rows at a time otherwise): a shifted slice puts them in a 16-row group, same bits
+    assert torch.equal(native_linear.gemv_q8x(blocks[5:], int(qtype), (32, shape[1]), x), y[:, 5:])
+    torch.set_num_threads(2)  # restored by the one_thread fixture
+    native_linear.set_grain(64)
+    try:
+        assert torch.equal(native_linear.gemv_q8x(blocks, int(qtype), shape, x), y)
+    finally:
+        native_linear.set_grain(1 << 19)
 
 
 def _linear(qtype: Q, kernels: str = "fast", bias: bool = True):
@@ -103,11 +111,18 @@ def test_held_linear_runs_native_small_and_large_batches(qtype, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "INT4_OVER_NATIVE", frozenset())  # Q4_K too (else the int4 kernel's)
     lin, w = _linear(qtype)
     assert lin.kernels["weight"] == "native" and lin.weight_blocks.dtype == torch.uint8  # blocks kept as-is
+    q8x = cpu_kernels.q8x_takes(int(qtype), w.shape)  # llama.cpp's int8 activations: the default for its types
+    assert q8x == (qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0) and native_linear.has_vnni())
     for m in (1, 7, cpu_kernels.NATIVE_MAX_ROWS + 5):  # above NATIVE_MAX_ROWS: decode + one GEMM
         x = torch.randn(m, w.shape[1])
         exact = x.double() @ w.double().T + lin.bias.double()
         large = m > cpu_kernels.NATIVE_MAX_ROWS
-        assert _err(lin(x), exact) <= (BF16_TOL if large and cpu_kernels.NATIVE_PREFILL_BF16 else EXACT_TOL), m
+        tol = BF16_TOL if large and cpu_kernels.NATIVE_PREFILL_BF16 else Q8X_TOL if q8x and not large else EXACT_TOL
+        assert _err(lin(x), exact) <= tol, m
+        if q8x and not large:  # $INFERFLOW_NATIVE_Q8X=0: the exact decode (prefill-sized calls: the bf16 GEMM)
+            monkeypatch.setenv("INFERFLOW_NATIVE_Q8X", "0")
+            assert _err(lin(x), exact) <= EXACT_TOL
+            monkeypatch.delenv("INFERFLOW_NATIVE_Q8X")
         if large:  # the exact float32 large-batch path (vocab heads always; all weights when switched off)
             monkeypatch.setattr(cpu_kernels, "NATIVE_PREFILL_BF16", False)
             assert _err(lin(x), exact) <= EXACT_TOL
@@ -167,6 +182,9 @@ def test_model_tokens_native_on_and_off(tmp_path, monkeypatch, qtype):
     assert kinds == {"native"}, kinds
     seq = [5, 17, 3, 88, 41, 9, 60]
     want_logits = ref.logits(seq).double()
+    if native_linear.has_vnni():  # the default: int8 activations (llama.cpp's arithmetic), within its tolerance
+        assert 1e-5 < _err(nat.logits(seq), want_logits) <= Q8X_TOL
+    monkeypatch.setenv("INFERFLOW_NATIVE_Q8X", "0")  # the exact decode of the blocks
     assert _err(nat.logits(seq), want_logits) <= 1e-5  # exact weights: float32 order only
     # the engine's post-load fusion concatenates native block rows: q/k/v and gate/up become one linear each
     assert fuse_projections(nat.net) == 4

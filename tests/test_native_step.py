@@ -90,8 +90,22 @@ def test_bfloat16_same_logits_as_op_by_op(tmp_path):
 
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0,
                                    gguf.GGMLQuantizationType.Q4_1])
-def test_gguf_blocks_same_logits_as_op_by_op(tmp_path, qtype):
-    _both_ways(_engine(_gguf_model(tmp_path, qtype)), PROMPTS, 6)
+@pytest.mark.parametrize("q8x", ["1", "0"], ids=["int8-activations", "exact"])
+def test_gguf_blocks_same_logits_as_op_by_op(tmp_path, monkeypatch, qtype, q8x):
+    monkeypatch.setenv("INFERFLOW_NATIVE_Q8X", q8x)
+    eng = _engine(_gguf_model(tmp_path, qtype))
+    ops = {n.split()[0] for n in eng.runner.native.prog.names}
+    assert ("gemv_q8x" in ops) == (q8x == "1" and step.has_op("gemv_q8x")), ops  # the head's too
+    assert ("gemv_q" in ops) == (q8x == "0" or not step.has_op("gemv_q8x")), ops
+    _both_ways(eng, PROMPTS, 6)
+
+
+def test_bfloat16_cache_under_float32_model(tmp_path):
+    """kv_cache_dtype bfloat16 with float32 activations (llama.cpp's f16-cache setting, in bf16) stays in the
+    program, same bits as op by op."""
+    eng = _engine(_gguf_model(tmp_path, gguf.GGMLQuantizationType.Q4_0), kv_cache_dtype="bfloat16")
+    assert eng.runner.native is not None
+    _both_ways(eng, PROMPTS, 5)
 
 
 def test_bias_and_full_batch(tmp_path):

@@ -94,6 +94,10 @@ def test_abandoned_requests_free_their_blocks(server, one_thread):
         s = _connect(srv)
         s.sendall(_request(path, body))
         _read_until(s, b"data: {")
+        # running: a chat stream's first chunk (the role) goes out at admission, its blocks come with the schedule
+        deadline = time.monotonic() + 10
+        while served.engine.metrics()["kv_blocks_used"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
         assert served.engine.metrics()["kv_blocks_used"] > 0
         _reset(s)
     # 2. a non-streaming request, then a reset while it runs (no byte of the answer sent yet)

@@ -15,9 +15,16 @@ PROMPTS = ["Hello, my name is", "The capital of France is", "1, 2, 3, 4,", "Once
            "The best way to learn", "Water boils at", "My favourite colour is", "import numpy as"]
 
 
-def test_64_streaming_clients(one_thread):
+def test_64_streaming_clients(one_thread, monkeypatch):
     from inferflow.default_model import default_model_path
     from inferflow.errors import InferflowError
+
+    # The exact decode of the model's blocks, here and in the service (the child inherits it): the check is that
+    # every request under load gets the offline output, and batches that form differently under load (prefix hits,
+    # recomputed preemptions, mixed prefill/decode steps) round differently; int8 activations (the default,
+    # cpu_kernels.q8x_takes) turn those last-bit differences into different codes, enough to flip a low-margin
+    # greedy token of these prompts (~0.1 logprob at the 4th token against ~0.01 exact: tools/batch_noise.py).
+    monkeypatch.setenv("INFERFLOW_NATIVE_Q8X", "0")
 
     try:
         path = default_model_path()

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--prompts-file", help="prompts, one per line (tokenized; else random token ids)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16", "int8"],
+                    help="inferflow's K/V cache (EngineConfig.kv_cache_dtype; auto: the model's dtype). llama.cpp's "
+                         "is f16 (its default), HF's the model's dtype")
     ap.add_argument("--vs", action="append", choices=PEERS, default=[], help="peer(s) to run interleaved with us")
     ap.add_argument("--hf-dir", help="where a GGUF's HF-layout copy is kept (reused if present)")
     ap.add_argument("--classes", help="precision classes f32,f16,q8_0,q4_0,file: GGUFs written from --model, each "

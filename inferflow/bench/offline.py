@@ -81,11 +81,11 @@ class InferflowSystem:
 
     name = "inferflow"
 
-    def __init__(self, model: Any, max_seqs: int, max_len: int, max_batched_tokens: int):
+    def __init__(self, model: Any, max_seqs: int, max_len: int, max_batched_tokens: int, kv_cache_dtype: str = "auto"):
         self.model, self.device = model, str(model.device)
         self.engine = Engine(model, EngineConfig(max_num_seqs=max_seqs, max_model_len=max_len,
                                                  max_num_batched_tokens=max(2048, max_batched_tokens),
-                                                 enable_prefix_caching=False))
+                                                 enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype))
 
     def __call__(self, prompts: list[list[int]], n: int) -> RunSample:
         eng = self.engine

@@ -35,7 +35,7 @@ def classes_bench(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         ids = workload(args, model, big)
         prompts = {b: ids[:b] for b in sorted({1, big})}
         max_len = args.prompt_len + args.new_tokens + 16
-        ours = InferflowSystem(model, big, max_len, sum(map(len, ids)))
+        ours = InferflowSystem(model, big, max_len, sum(map(len, ids)), args.kv_cache_dtype)
         systems: dict[str, Callable] = {"inferflow": ours}
         only: dict[str, list[int]] = {}
         if "llama.cpp" in args.vs:
@@ -72,7 +72,8 @@ def classes_bench(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def finish(out: dict[str, Any], args: argparse.Namespace, threads: int, source: Path) -> str:
     out["config"] = {"model": str(source), "batch": [1, max(args.batch)], "prompt_len": args.prompt_len,
-                     "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": threads}
+                     "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": threads,
+                     "kv_cache_dtype": args.kv_cache_dtype}
     text = render(out, args)
     if args.json:
         write_json(args.json, out)
@@ -102,7 +103,8 @@ def render(out: dict[str, Any], args: argparse.Namespace) -> str:
         machine_line(out), "",
         f"Model: {Path(cfg['model']).name} and GGUFs written from it (f32: dequantized with gguf-py; f16, q8_0, q4_0: "
         f"llama.cpp's quantizations of the f32 file), each run as-is by inferflow (in the listed precision) and by "
-        f"llama.cpp. Batch 1: a {cfg['prompt_len']}-token random prompt, {cfg['new_tokens']} new tokens, greedy, "
+        f"llama.cpp; inferflow's K/V cache: {cfg.get('kv_cache_dtype', 'auto')} (auto: the model's dtype; llama.cpp's "
+        f"is f16, HF's the model's dtype). Batch 1: a {cfg['prompt_len']}-token random prompt, {cfg['new_tokens']} new tokens, greedy, "
         f"EOS ignored; prefill tok/s = prompt tokens / time to the first token, decode tok/s = later tokens / "
         f"their time. Batch {big}: aggregate decode tok/s of {big} such requests, inferflow's engine vs HF "
         f"`generate` on the f32 file's weights (dequantized by transformers; float classes only). The machine is "

@@ -69,7 +69,7 @@ def offline_bench(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     ids = workload(args, model, max(args.batch))
     prompts = {b: ids[:b] for b in args.batch}
     max_len = max(map(len, ids)) + args.new_tokens + 16
-    ours = InferflowSystem(model, max(args.batch), max_len, sum(map(len, ids)))
+    ours = InferflowSystem(model, max(args.batch), max_len, sum(map(len, ids)), args.kv_cache_dtype)
     with tempfile.TemporaryDirectory(prefix="inferflow-bench-") as tmp:
         peers, only, notes = peer_systems(args, source, tmp, max_len, threads, dtype)
         results = measure({"inferflow": ours, **peers}, prompts, args.new_tokens, args.rounds, batches_of=only,

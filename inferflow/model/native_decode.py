@@ -5,8 +5,8 @@ Why: on a CPU a small model's decode step is mostly fixed costs (see step.c); on
 The lowering walks the assembled flows as :class:`~inferflow.model.flow.Flow` runs them and maps each step's
 component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSNorm, residual adds, attention
 (projections, per-head q/k RMSNorms, rotate-half RoPE, the K/V write and paged attention over the engine's cache, the
-output projection), gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks. The
-ops are the kernels the op-by-op path calls, so the logits are the same bits. A step it does not know (another
+output projection), gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks
+(Q4_0 / Q4_1 / Q8_0 on int8 activations, as the op-by-op path: cpu_kernels.q8x_takes). The ops are the kernels the op-by-op path calls, so the logits are the same bits. A step it does not know (another
 component, or a feature the kernels lack: ALiBi, soft-caps, whole-projection q/k norms, quantized or
 host-resident K/V) raises :class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or
 ggml blocks, decoded exactly), the final block and the head are in the program too (a scaled embedding stays a torch
@@ -27,6 +27,7 @@ from .context import AttentionBackend, ForwardContext
 from .flow import Flow, Stack
 
 log = logging.getLogger(__name__)
+ATT_CHUNKS = 8  # paged_attention.h's: key chunks per sequence at most
 MAX_ROWS = 16
 _DT = {torch.float32: 0, torch.bfloat16: 1}
 _GEMV_T = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -76,8 +77,9 @@ class NativeDecoder:
         g = getattr(model, "parallel", None)
         if (g is not None and g.world > 1) or type(net.decoder) is not Stack:
             raise Unsupported("a model split over processes (pipeline or tensor parallel)")
-        if cache.quantized or cache.device.type != "cpu" or cache.store_dtype != self.dtype or cache.host_layers:
-            raise Unsupported("K/V cache not plain CPU storage in the model's dtype")
+        if cache.quantized or cache.device.type != "cpu" or cache.host_layers or not (
+                cache.store_dtype == self.dtype or (cache.store_dtype == torch.bfloat16 and self.dt == 0)):
+            raise Unsupported("K/V cache not plain CPU storage in the model's dtype (or bfloat16 under float32)")
         self.stack = net.decoder
         self.prog = step.Program()
         self._bufs: dict[tuple, torch.Tensor] = {}
@@ -202,7 +204,7 @@ class NativeDecoder:
             y = self._buf(n, tag, torch.float32)
             if bias is not None:
                 self._keep.append(bias)  # a float32 copy: kept alive with the program
-            if self.q8x and qtype in native_linear.Q8X_TYPES and shape[0] < cpu_kernels.Q8_INT4_MAX_N:
+            if self.q8x and cpu_kernels.q8x_takes(qtype, shape):
                 scratch = self._q8x_scratch(k)
                 self.prog.add("quant_x", _label(tag), x=xp, scratch=scratch, ldx=x.ld, K=k)
                 self.prog.add("gemv_q8x", f"{_label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, bias=bias, scratch=scratch, y=y, qt=qtype, rb=blocks.stride(0),
@@ -250,8 +252,9 @@ class NativeDecoder:
                 and tuple(n.weight.shape) == (m.d,) for n in (m.q_norm, m.k_norm))):
             raise Unsupported(f"{tag}: q/k norms other than per-head RMSNorm")
         st = self.cache._dev.get(m.cache_key)
-        if st is None or st.k.device.type != "cpu" or st.k.dtype != self.dtype:
-            raise Unsupported(f"{tag}: no plain CPU K/V layer")
+        if st is None or st.k.device.type != "cpu" or not (
+                st.k.dtype == self.dtype or (st.k.dtype == torch.bfloat16 and self.dt == 0)):
+            raise Unsupported(f"{tag}: no plain CPU K/V layer (the model's dtype, or bfloat16 under float32)")
         h, hkv, d = m.h, m.hkv, m.d
         qd, kvd = m.qd, m.kvd
         rope = self.stack.position if m.use_position else None
@@ -275,11 +278,14 @@ class NativeDecoder:
                                          dt=self.dt))
         out = self._buf(qd, tag + ".attn")
         es = heads.element_size()
+        part = torch.empty(MAX_ROWS * ATT_CHUNKS * h * (d + 2))  # each (row, key chunk, head)'s softmax partials
+        self._keep.append(part)
         args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,
-                    sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d, bs=self.cache.block_size,
-                    dt=self.dt, win=m.window or 0, scale=m.scale)
+                    part=part, sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d, bs=self.cache.block_size,
+                    dt=self.dt, cdt=_DT[st.k.dtype], win=m.window or 0, scale=m.scale)
         self.prog.add("kv_write", _label(tag), **args)
         self.prog.add("attention", _label(tag), **args)
+        self.prog.add("attn_merge", _label(tag), **args)
         return self._linear(m.o_proj, _Val(out, qd, qd), tag + ".o")
 
     # ---- running ---------------------------------------------------------------------------------

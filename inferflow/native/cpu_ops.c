@@ -108,26 +108,6 @@ static inline float vexp(float x) {
     return y * p;
 }
 
-/* softmax of s[0..L) in place, float32; fixed summation order (16 lanes, then left to right) */
-static void softmax_row(float *restrict s, int64_t L) {
-    float mx[LANES], acc[LANES] = {0};
-    for (int j = 0; j < LANES; j++) mx[j] = -INFINITY;
-    int64_t t = 0;
-    for (; t + LANES <= L; t += LANES)
-        for (int j = 0; j < LANES; j++) mx[j] = s[t + j] > mx[j] ? s[t + j] : mx[j];
-    for (; t < L; t++) mx[0] = s[t] > mx[0] ? s[t] : mx[0];
-    float m = mx[0];
-    for (int j = 1; j < LANES; j++) m = mx[j] > m ? mx[j] : m;
-    for (t = 0; t < L; t++) s[t] = vexp(s[t] - m);
-    for (t = 0; t + LANES <= L; t += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += s[t + j];
-    for (; t < L; t++) acc[t % LANES] += s[t];
-    float sum = 0.f;
-    for (int j = 0; j < LANES; j++) sum += acc[j];
-    float inv = 1.0f / sum;
-    for (t = 0; t < L; t++) s[t] *= inv;
-}
-
 static int ceil_log2(int64_t x) {
     if (x <= 2) return 1;
     int b = 0;
@@ -288,32 +268,69 @@ void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_
                       (const char *)ss + (size_t)(n * sc) * es, D, (char *)out + (size_t)((n * H + h) * D) * es);
 }
 
-#include "paged_attention.h"  /* paged_task: one task of the decode attention below */
+#include "paged_attention.h"  /* attn_chunk / attn_merge: the decode attention below in tasks */
 
 /* One decode step of attention for B sequences over the paged cache, in place.
  * q [B, H, D] (row stride sq, heads contiguous); knew/vnew [B, Hkv, D] (row strides skn/svn, heads contiguous) are
  * first stored at slots[b] of the flat caches kc/vc [S, Hkv, D] (S = blocks * bs; knew NULL: already stored); then
  * query b attends to its first lens[b] keys, or with win > 0 the last win of them (paged_task). GQA: q head h reads kv head h / (H / Hkv). One task per
  * (sequence, kv head). */
-void cpu_paged_decode(int dt, const void *q, int64_t sq, const void *knew, int64_t skn, const void *vnew,
-                      int64_t svn, void *kc, void *vc, const int64_t *slots, const int64_t *tables, int64_t tstride,
-                      const int64_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
-                      int64_t win, void *out, int nt) {
-    size_t es = esize(dt), row = (size_t)(Hkv * D) * es;
+int cpu_paged_decode(int dt, int cdt, const void *q, int64_t sq, const void *knew, int64_t skn, const void *vnew,
+                     int64_t svn, void *kc, void *vc, const int64_t *slots, const int64_t *tables, int64_t tstride,
+                     const int64_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
+                     int64_t win, void *out, int nt) {
+    const size_t es = esize(dt), ces = esize(cdt);
     if (knew != NULL) {
-        for (int64_t b = 0; b < B; b++) {
-            memcpy((char *)kc + (size_t)slots[b] * row, (const char *)knew + (size_t)(b * skn) * es, row);
-            memcpy((char *)vc + (size_t)slots[b] * row, (const char *)vnew + (size_t)(b * svn) * es, row);
-        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t kh = 0; kh < Hkv; kh++) {
+                const size_t at = (size_t)((slots[b] * Hkv + kh) * D) * ces;
+                kv_row(dt, cdt, (const char *)knew + (size_t)(b * skn + kh * D) * es, (char *)kc + at, D);
+                kv_row(dt, cdt, (const char *)vnew + (size_t)(b * svn + kh * D) * es, (char *)vc + at, D);
+            }
     }
-    int64_t work = 0;
-    for (int64_t b = 0; b < B; b++) work += lens[b];
+    int64_t work = 0, tasks = 0;
+    for (int64_t b = 0; b < B; b++) {
+        work += lens[b];
+        tasks += att_nchunks(att_keys(lens[b], win)) * Hkv;
+    }
+    /* the partials: a buffer per calling thread, grown as needed (a fresh one per call would fault its pages in) */
+    static __thread float *mine;
+    static __thread size_t cap;
+    const size_t need = (size_t)(B * ATT_CHUNKS * H * (D + 2));
+    if (need > cap) {
+        free(mine);
+        mine = malloc(need * 4);
+        cap = mine ? need : 0;
+        if (!mine) return -1;
+    }
+    float *part = mine;  /* the OpenMP threads below share the caller's (a thread-local read there is their own) */
+    int64_t *task = malloc((size_t)tasks * 2 * sizeof(int64_t));  /* (sequence, chunk) of each task / Hkv */
+    if (!task) return -1;
+    for (int64_t b = 0, i = 0; b < B; b++)
+        for (int64_t c = 0, C = att_nchunks(att_keys(lens[b], win)); c < C; c++, i++) {
+            task[2 * i] = b;
+            task[2 * i + 1] = c;
+        }
     /* threads only for long contexts: a fork/join costs microseconds (milliseconds on an oversubscribed machine) */
-    int par = nt > 1 && B * Hkv > 1 && work * H * D >= (1 << 20);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
-    for (int64_t task = 0; task < B * Hkv; task++)
-        paged_task(dt, q, sq, kc, vc, tables, tstride, lens, task / Hkv, task % Hkv, 0, H / Hkv, H, Hkv, D, bs, scale,
-                   win, out);
+    const int par = nt > 1 && tasks > 1 && work * H * D >= (1 << 20);
+    int failed = 0;
+#pragma omp parallel num_threads(nt) if (par)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t i = t / Hkv;
+            if (attn_chunk(dt, cdt, q, sq, kc, vc, tables, tstride, lens, task[2 * i], task[2 * i + 1], t % Hkv, H, Hkv,
+                           D, bs, scale, win, part)) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < B * H; u++)
+            if (!failed) attn_merge(dt, lens, win, u / H, u % H, H, D, part, out);
+    }
+    free(task);
+    return failed ? -1 : 0;
 }
 
 /* out[r] = the index of the first maximum of row r of x [rows, n] (float32, row stride sx), as torch.argmax: a NaN

@@ -36,12 +36,12 @@ def _lib() -> ctypes.CDLL | None:
                                             ctypes.c_int, ctypes.c_int, ctypes.c_int]
             lib.cpu_silu_mul.argtypes = [ctypes.c_int, _P, _I, _P, _I, _P, _I, _I, ctypes.c_int]
             lib.cpu_rope.argtypes = [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _P, _I, _P]
-            lib.cpu_paged_decode.argtypes = [ctypes.c_int, _P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I,
+            lib.cpu_paged_decode.argtypes = [ctypes.c_int, ctypes.c_int, _P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I,
                                              _I, _I, _F, _I, _P, ctypes.c_int]
             lib.cpu_argmax.argtypes = [_P, _I, _I, _I, _P]
-            for f in (lib.cpu_rmsnorm, lib.cpu_add_rmsnorm, lib.cpu_silu_mul, lib.cpu_rope, lib.cpu_paged_decode,
-                      lib.cpu_argmax):
+            for f in (lib.cpu_rmsnorm, lib.cpu_add_rmsnorm, lib.cpu_silu_mul, lib.cpu_rope, lib.cpu_argmax):
                 f.restype = None
+            lib.cpu_paged_decode.restype = ctypes.c_int
         _state["lib"] = lib
     return _state["lib"]  # type: ignore[return-value]
 
@@ -202,11 +202,12 @@ class DecodeBatch:
 def paged_decode(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kc: torch.Tensor,
                  vc: torch.Tensor, batch: DecodeBatch, scale: float, window: int | None = None) -> torch.Tensor | None:
     """Decode attention of q [B, H, D] (heads contiguous) over the flat paged caches kc/vc [S, Hkv, D]
-    (S = num_blocks * block_size, contiguous), storing the new k/v [B, Hkv, D] (heads contiguous) at the batch's
+    (S = num_blocks * block_size, contiguous; q's dtype, or bfloat16 under float32 q), storing the new k/v [B, Hkv, D] (heads contiguous) at the batch's
     slots first (k None: already stored); ``window``: each query sees only its last ``window`` keys (itself
     included). Returns [B, H, D]; None: not served."""
-    dt = _DT.get(q.dtype)
-    if dt is None or kc.dtype != q.dtype or vc.dtype != q.dtype or not enabled_all():
+    dt, cdt = _DT.get(q.dtype), _DT.get(kc.dtype)
+    # the cache in q's dtype, or bfloat16 under float32 queries (new K/V rounded as torch's .to(bfloat16))
+    if dt is None or cdt is None or (cdt != dt and dt != 0) or vc.dtype != kc.dtype or not enabled_all():
         return None
     shape, qs, ks = q.shape, q.stride(), kc.shape
     if len(shape) != 3 or len(ks) != 3:
@@ -228,7 +229,8 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     out = torch.empty((B, H, D), dtype=q.dtype)
     if B:
         t = batch.tables
-        _lib().cpu_paged_decode(dt, q.data_ptr(), qs[0], kp, skn, vp, svn, kc.data_ptr(), vc.data_ptr(),
-                                batch.slots.data_ptr(), t.data_ptr(), t.stride(0), batch.lens.data_ptr(), B, H, hkv,
-                                D, batch.block_size, scale, window or 0, out.data_ptr(), threads())
+        if _lib().cpu_paged_decode(dt, cdt, q.data_ptr(), qs[0], kp, skn, vp, svn, kc.data_ptr(), vc.data_ptr(),
+                                   batch.slots.data_ptr(), t.data_ptr(), t.stride(0), batch.lens.data_ptr(), B, H,
+                                   hkv, D, batch.block_size, scale, window or 0, out.data_ptr(), threads()):
+            raise MemoryError("native paged decode attention: out of memory for its partial sums")
     return out

@@ -366,95 +366,6 @@ static int tiles_for(int qt, tile_fn out[6]) {
 }
 #endif /* __AVX512F__ */
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define HAVE_VNNI 1
-/* The llama.cpp way (opt-in, approximate): x quantized per 32-block to int8 with a float scale (round to nearest,
-   d = max|x| / 127), then integer dot products of the weight's codes with those bytes (vpdpbusd, unsigned x
-   signed), scaled by d_w * d_x per block. Q8_0 codes are made unsigned by +128 (xor 0x80) and Q4_0's -8 offset
-   is taken out with the block's sum of x codes; Q4_1's min multiplies that sum times d_x. Fixed order per output
-   element too. */
-INLINE __m256i codes32(const int qt, const uint8_t *b) {
-    if (qt == Q8_0) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (qt == Q4_0 ? 2 : 4))), m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m), _mm_and_si128(qs, m));
-}
-
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INLINE void vtile(const int qt, const int NR, const int MT, const uint8_t *w, int64_t rb, const int8_t *xq, int64_t K,
-                  const float *dx, const int32_t *sx, float *y, int64_t ldy, const float *bias, int64_t nsb) {
-    const int bb = block_bytes(qt), off = qt == Q8_0 ? 128 : qt == Q4_0 ? 8 : 0;
-    __m256 acc[4][4];
-    float accs[4][4];
-    for (int r = 0; r < NR; r++)
-        for (int m = 0; m < MT; m++) {
-            acc[r][m] = _mm256_setzero_ps();
-            accs[r][m] = 0.0f;
-        }
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        prefetch_ahead(w, sb * 4 * bb, 4 * bb);
-        __m256i q[4];
-        float d[4], mw[4];
-        for (int r = 0; r < NR; r++) {
-            const uint8_t *b = w + r * rb + sb * bb;
-            q[r] = codes32(qt, b);
-            d[r] = f16(b);
-            mw[r] = qt == Q4_1 ? f16(b + 2) : 0.0f;
-        }
-        for (int m = 0; m < MT; m++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * K + sb * 32));
-            const float dxm = dx[m * nsb + sb];
-            const int32_t sxm = sx[m * nsb + sb];
-            const __m256i init = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-off * sxm));
-            for (int r = 0; r < NR; r++) {
-                const __m256i p = _mm256_dpbusd_epi32(init, q[r], xv);
-                acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d[r] * dxm), acc[r][m]);
-                if (qt == Q4_1) accs[r][m] = fmaf(mw[r], dxm * (float)sxm, accs[r][m]);
-            }
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int m = 0; m < MT; m++) {
-            const float s = hsum256(acc[r][m]) + accs[r][m];
-            y[m * ldy + r] = bias ? s + bias[r] : s;
-        }
-}
-
-typedef void (*vtile_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const int32_t *, float *,
-                         int64_t, const float *, int64_t);
-#define VTILE(QT, NR, MT)                                                                                        \
-    static void vtile_##QT##_##NR##_##MT(const uint8_t *w, int64_t rb, const int8_t *xq, int64_t K, const float *dx, \
-                                         const int32_t *sx, float *y, int64_t ldy, const float *bias, int64_t nsb) { \
-        vtile(QT, NR, MT, w, rb, xq, K, dx, sx, y, ldy, bias, nsb);                                              \
-    }
-#define VTILES(QT) VTILE(QT, 4, 1) VTILE(QT, 4, 2) VTILE(QT, 4, 4) VTILE(QT, 1, 1) VTILE(QT, 1, 2) VTILE(QT, 1, 4)
-VTILES(Q4_0) VTILES(Q4_1) VTILES(Q8_0)
-#define VROW(QT) \
-    {vtile_##QT##_4_1, vtile_##QT##_4_2, vtile_##QT##_4_4, vtile_##QT##_1_1, vtile_##QT##_1_2, vtile_##QT##_1_4}
-
-/* x rows -> int8 codes, per-block scales and code sums (llama.cpp's quantize_row_q8_0 rounding) */
-static void quantize_x(const float *x, int64_t ldx, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *sx) {
-    const int64_t nsb = K / 32;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < nsb; b++) {
-            const float *xs = x + m * ldx + b * 32;
-            const __m512 a = _mm512_loadu_ps(xs), c = _mm512_loadu_ps(xs + 16);
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const __m512 iv = _mm512_set1_ps(id);
-            const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, iv)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, iv));
-            _mm_storeu_si128((__m128i *)(xq + m * K + b * 32), _mm512_cvtepi32_epi8(qa));
-            _mm_storeu_si128((__m128i *)(xq + m * K + b * 32 + 16), _mm512_cvtepi32_epi8(qc));
-            dx[m * nsb + b] = d;
-            sx[m * nsb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
-        }
-}
-#endif
 
 /* The fallback tile: the same per-element chain (16 lane sums, then the same pairwise horizontal order as
    _mm512_reduce_add_ps is not promised; only M- and thread-invariance within one build are). */
@@ -551,65 +462,6 @@ int ggml_gemv(int qt, const uint8_t *w, int64_t rb, const float *x, int64_t ldx,
     return 0;
 }
 
-int ggml_has_vnni(void) {
-#ifdef HAVE_VNNI
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-#ifdef HAVE_VNNI
-/* Thread tid of nth's share of ggml_gemv_q8x's product, x already quantized (quantize_x) */
-static void gemv_q8x_part(int qt, const uint8_t *w, int64_t rb, const int8_t *xq, const float *dx, const int32_t *sx,
-                          float *y, int64_t ldy, const float *bias, int64_t M, int64_t N, int64_t K, int tid, int nth) {
-    static const vtile_fn t3[3][6] = {VROW(Q4_0), VROW(Q4_1), VROW(Q8_0)};
-    const vtile_fn *t = t3[qt == Q4_0 ? 0 : qt == Q4_1 ? 1 : 2];
-    const int64_t nsb = K / 32, groups = (N + 3) / 4;
-    for (int64_t g = share(groups, tid, nth); g < share(groups, tid + 1, nth); g++) {
-        const int64_t n0 = g * 4, nr = N - n0 < 4 ? N - n0 : 4;
-        for (int64_t m0 = 0; m0 < M;) {
-            const int64_t left = M - m0, mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            const int mi = mt == 4 ? 2 : mt == 2 ? 1 : 0;
-            const int8_t *xm = xq + m0 * K;
-            const float *dm = dx + m0 * nsb;
-            const int32_t *sm = sx + m0 * nsb;
-            float *ym = y + m0 * ldy + n0;
-            const float *bn = bias ? bias + n0 : 0;
-            if (nr == 4) {
-                t[mi](w + n0 * rb, rb, xm, K, dm, sm, ym, ldy, bn, nsb);
-            } else {
-                for (int64_t r = 0; r < nr; r++)
-                    t[3 + mi](w + (n0 + r) * rb, rb, xm, K, dm, sm, ym + r, ldy, bn ? bn + r : 0, nsb);
-            }
-            m0 += mt;
-        }
-    }
-}
-#endif
-
-/* ggml_gemv with x quantized to int8 per 32-block (llama.cpp's arithmetic: approximate); Q4_0 / Q4_1 / Q8_0 only.
-   scratch: M * K + 8 * M * (K / 32) bytes. Returns -1 where unsupported (no VNNI build, other types). */
-int ggml_gemv_q8x(int qt, const uint8_t *w, int64_t rb, const float *x, int64_t ldx, float *y, int64_t ldy,
-                  const float *bias, int64_t M, int64_t N, int64_t K, int nt, void *scratch) {
-#ifdef HAVE_VNNI
-    if ((qt != Q4_0 && qt != Q4_1 && qt != Q8_0) || K % 32 || M < 1 || N < 1) return -1;
-    const int64_t nsb = K / 32;
-    nt = threads_for(nt, N, K);
-    int8_t *xq = (int8_t *)scratch;
-    float *dx = (float *)(xq + M * K);
-    int32_t *sx = (int32_t *)(dx + M * nsb);
-    quantize_x(x, ldx, M, K, xq, dx, sx);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    gemv_q8x_part(qt, w, rb, xq, dx, sx, y, ldy, bias, M, N, K, omp_get_thread_num(), omp_get_num_threads());
-    return 0;
-#else
-    (void)qt; (void)w; (void)rb; (void)x; (void)ldx; (void)y; (void)ldy; (void)bias; (void)M; (void)N; (void)K;
-    (void)nt; (void)scratch;
-    return -1;
-#endif
-}
-
 /* W rows [0, N) decoded as ggml_dequant, then rounded to bf16 (round to nearest even) into out[N, K]: the large-
    batch path's bf16 GEMM operand. Returns -1 where the build lacks AVX512-BF16 (the caller converts instead). */
 int ggml_dequant_bf16(int qt, const uint8_t *w, int64_t rb, uint16_t *out, int64_t N, int64_t K, int nt) {
@@ -663,3 +515,5 @@ int ggml_dequant(int qt, const uint8_t *w, int64_t rb, float *out, int64_t N, in
     }
     return 0;
 }
+
+#include "gemv_q8x.h"

@@ -1,6 +1,6 @@
-/* Paged decode attention, one (sequence, KV head, query heads) task: the body of cpu_ops.c's cpu_paged_decode and of
- * step.c's attention op. Included by cpu_ops.c after the helpers it uses (load_row, store_row, esize, dot,
- * softmax_row); not a standalone header. */
+/* Paged decode attention in (sequence, key chunk, KV head) tasks and a merge per head: the body of cpu_ops.c's
+ * cpu_paged_decode and of step.c's attention ops. Included by cpu_ops.c after the helpers it uses (load_row,
+ * store_row, esize, dot, vexp, LANES); not a standalone header. */
 #ifndef INFERFLOW_PAGED_ATTENTION_H
 #define INFERFLOW_PAGED_ATTENTION_H
 
@@ -79,21 +79,57 @@ static inline __attribute__((always_inline)) void pv_head(const int DC, const in
 }
 #endif
 
-/* Decode attention of sequence b's query heads kh * rep + [g0, g1) (rep = H / Hkv: those of kv head kh) over the
- * paged cache: queries from q + b * sq; keys 0 .. lens[b] - 1 (win > 0: only the last win of them) at slots tables[b * tstride + t / bs] * bs + t % bs
- * of the flat caches kc/vc [S, Hkv, D]; scores and softmax in float32, summed in key order; out [B, H, D]. */
-static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const void *vc, const int64_t *tables,
-                       int64_t tstride, const int64_t *lens, int64_t b, int64_t kh, int64_t g0, int64_t g1, int64_t H,
-                       int64_t Hkv, int64_t D, int64_t bs, float scale, int64_t win, void *out) {
-    size_t es = esize(dt);
-    int64_t rep = g1 - g0, L = lens[b], h0 = kh * (H / Hkv) + g0;
-    const int64_t s0 = win > 0 && L > win ? L - win : 0, n = L - s0;  /* a sliding window: the last win keys */
+/* Work units: each sequence's keys (the last win of them with a sliding window) are cut into at most ATT_CHUNKS
+   chunks of a multiple of 32 keys, a function of the key count alone (never of threads or the batch: every head's
+   bits are the same however the work is split). A task is (sequence, chunk, kv head): its query heads' softmax
+   partials over the chunk (max m, sum l of exp(s - m), acc = sum exp(s - m) V) go to part; attn_merge then
+   combines a head's chunks in order (flash decoding). Chunks read contiguous cache rows once for all of a kv
+   head's query heads, and a batch of one sequence still has chunks x kv heads tasks to spread over the threads. */
+#define ATT_CHUNKS 8
+static inline int64_t att_keys(int64_t L, int64_t win) { return win > 0 && L > win ? win : L; }
+static inline int64_t att_chunk(int64_t n) { return ((n + ATT_CHUNKS - 1) / ATT_CHUNKS + 31) / 32 * 32; }
+static inline int64_t att_nchunks(int64_t n) { return n > 0 ? (n + att_chunk(n) - 1) / att_chunk(n) : 0; }
+/* The partial of (sequence b, chunk c, query head h): m, l, acc[D] */
+static inline float *att_part(float *part, int64_t b, int64_t c, int64_t h, int64_t H, int64_t D) {
+    return part + ((b * ATT_CHUNKS + c) * H + h) * (D + 2);
+}
+
+/* s[0..n) -> exp(s - m) in place; returns m, *l = the sum (softmax_row's order, not normalised) */
+static float softmax_part(float *restrict s, int64_t n, float *l) {
+    float mx[LANES], acc[LANES] = {0};
+    for (int j = 0; j < LANES; j++) mx[j] = -INFINITY;
+    int64_t t = 0;
+    for (; t + LANES <= n; t += LANES)
+        for (int j = 0; j < LANES; j++) mx[j] = s[t + j] > mx[j] ? s[t + j] : mx[j];
+    for (; t < n; t++) mx[0] = s[t] > mx[0] ? s[t] : mx[0];
+    float m = mx[0];
+    for (int j = 1; j < LANES; j++) m = mx[j] > m ? mx[j] : m;
+    for (t = 0; t < n; t++) s[t] = vexp(s[t] - m);
+    for (t = 0; t + LANES <= n; t += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += s[t + j];
+    for (; t < n; t++) acc[t % LANES] += s[t];
+    float sum = 0.f;
+    for (int j = 0; j < LANES; j++) sum += acc[j];
+    *l = sum;
+    return m;
+}
+
+/* Task (b, c, kh): query heads kh * rep .. (kh + 1) * rep - 1 (rep = H / Hkv) of sequence b (queries at
+ * q + b * sq, dtype dt) over chunk c of its keys (caches of dtype cdt: float32 or bfloat16); key t at slot tables[b * tstride + t / bs] * bs + t % bs of the flat caches
+ * kc/vc [S, Hkv, D]; scores in float32, sums in key order. Returns -1 when out of memory. */
+static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc, const void *vc, const int64_t *tables,
+                      int64_t tstride, const int64_t *lens, int64_t b, int64_t c, int64_t kh, int64_t H, int64_t Hkv,
+                      int64_t D, int64_t bs, float scale, int64_t win, float *part) {
+    const size_t es = esize(dt), ces = esize(cdt);
+    const int64_t L = lens[b], n = att_keys(L, win), ch = att_chunk(n), rep = H / Hkv, h0 = kh * rep;
+    const int64_t k0 = L - n + c * ch, k1 = k0 + ch < L ? k0 + ch : L, nk = k1 - k0;
     const int64_t *tab = tables + b * tstride;
-    float *qf = malloc((size_t)(rep * D + rep * n + rep * D + D) * 4 + (size_t)n * 8);
-    float *sc = qf + rep * D, *acc = sc + rep * n, *kv = acc + rep * D;
+    float *qf = malloc((size_t)(rep * D + rep * nk + D) * 4 + (size_t)nk * 8);
+    if (!qf) return -1;
+    float *sc = qf + rep * D, *kv = sc + rep * nk;
     int64_t *at = (int64_t *)(kv + D);  /* each key's row, as an element offset into the caches */
-    for (int64_t t = s0, i = 0; t < L;) {
-        const int64_t base = tab[t / bs] * bs, o0 = t % bs, m = bs - o0 < L - t ? bs - o0 : L - t;
+    for (int64_t t = k0, i = 0; t < k1;) {
+        const int64_t base = tab[t / bs] * bs, o0 = t % bs, m = bs - o0 < k1 - t ? bs - o0 : k1 - t;
         for (int64_t o = 0; o < m; o++) at[i++] = ((base + o0 + o) * Hkv + kh) * D;
         t += m;
     }
@@ -102,42 +138,79 @@ static void paged_task(int dt, const void *q, int64_t sq, const void *kc, const 
     const int fast = D == 64 || D == 128;  /* common head sizes: sums in registers */
     if (fast) {
         for (int64_t g = 0; g < rep; g++) {
-            float *sg = sc + g * n;
+            float *sg = sc + g * nk;
             const float *qg = qf + g * D;
-            if (D == 64) dt ? qk_head(4, 1, kc, at, n, qg, scale, sg) : qk_head(4, 0, kc, at, n, qg, scale, sg);
-            else dt ? qk_head(8, 1, kc, at, n, qg, scale, sg) : qk_head(8, 0, kc, at, n, qg, scale, sg);
+            if (D == 64) cdt ? qk_head(4, 1, kc, at, nk, qg, scale, sg) : qk_head(4, 0, kc, at, nk, qg, scale, sg);
+            else cdt ? qk_head(8, 1, kc, at, nk, qg, scale, sg) : qk_head(8, 0, kc, at, nk, qg, scale, sg);
         }
     } else
 #endif
-    for (int64_t t = 0; t < n; t++) {  /* key by key, in order */
-        const char *kp = (const char *)kc + (size_t)at[t] * es;
+    for (int64_t t = 0; t < nk; t++) {  /* key by key, in order */
+        const char *kp = (const char *)kc + (size_t)at[t] * ces;
         const float *kr = (const float *)kp;
-        if (dt) { load_row(dt, kp, kv, D); kr = kv; }
-        for (int64_t g = 0; g < rep; g++) sc[g * n + t] = dot(qf + g * D, kr, D) * scale;
+        if (cdt) { load_row(cdt, kp, kv, D); kr = kv; }
+        for (int64_t g = 0; g < rep; g++) sc[g * nk + t] = dot(qf + g * D, kr, D) * scale;
     }
-    for (int64_t g = 0; g < rep; g++) softmax_row(sc + g * n, n);
-    memset(acc, 0, (size_t)(rep * D) * 4);
+    for (int64_t g = 0; g < rep; g++) {
+        float *pp = att_part(part, b, c, h0 + g, H, D);
+        pp[0] = softmax_part(sc + g * nk, nk, &pp[1]);
+        memset(pp + 2, 0, (size_t)D * 4);
+    }
 #ifdef __AVX512F__
     if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
         for (int64_t g = 0; g < rep; g++) {
-            const float *pg = sc + g * n;
-            float *ag = acc + g * D;
-            if (D == 64) dt ? pv_head(4, 1, vc, at, n, pg, ag) : pv_head(4, 0, vc, at, n, pg, ag);
-            else dt ? pv_head(8, 1, vc, at, n, pg, ag) : pv_head(8, 0, vc, at, n, pg, ag);
+            const float *pg = sc + g * nk;
+            float *ag = att_part(part, b, c, h0 + g, H, D) + 2;
+            if (D == 64) cdt ? pv_head(4, 1, vc, at, nk, pg, ag) : pv_head(4, 0, vc, at, nk, pg, ag);
+            else cdt ? pv_head(8, 1, vc, at, nk, pg, ag) : pv_head(8, 0, vc, at, nk, pg, ag);
         }
     } else
 #endif
-    for (int64_t t = 0; t < n; t++) {
-        const char *vp = (const char *)vc + (size_t)at[t] * es;
+    for (int64_t t = 0; t < nk; t++) {
+        const char *vp = (const char *)vc + (size_t)at[t] * ces;
         const float *vr = (const float *)vp;
-        if (dt) { load_row(dt, vp, kv, D); vr = kv; }
+        if (cdt) { load_row(cdt, vp, kv, D); vr = kv; }
         for (int64_t g = 0; g < rep; g++) {
-            float p = sc[g * n + t], *a = acc + g * D;
+            float p = sc[g * nk + t], *a = att_part(part, b, c, h0 + g, H, D) + 2;
             for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
         }
     }
-    store_row(dt, acc, (char *)out + (size_t)((b * H + h0) * D) * es, rep * D);
     free(qf);
+    return 0;
+}
+
+/* One K or V head row (D elements) from dtype dt into a cache row of dtype cdt: a copy, or float32 rounded to
+ * bfloat16 as torch's .to() (round to nearest even) */
+static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D) {
+    if (dt == cdt) {
+        memcpy(dst, src, (size_t)D * esize(dt));
+    } else {
+        const float *s = (const float *)src;  /* dt float32, cdt bfloat16: the one mixed pair callers pass */
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < D; i++) d[i] = f2bf(s[i]);
+    }
+}
+
+/* Head h of sequence b: its chunks' partials combined in chunk order (rescaled to the largest max), normalised,
+ * into out [B, H, D]. Overwrites the first chunk's partial. */
+static void attn_merge(int dt, const int64_t *lens, int64_t win, int64_t b, int64_t h, int64_t H, int64_t D,
+                       float *part, void *out) {
+    const int64_t C = att_nchunks(att_keys(lens[b], win));
+    float *acc = att_part(part, b, 0, h, H, D) + 2, mx = -INFINITY, den = 0.0f;
+    if (C == 0) memset(acc, 0, (size_t)D * 4);
+    for (int64_t c = 0; c < C; c++) mx = fmaxf(mx, att_part(part, b, c, h, H, D)[0]);
+    for (int64_t c = 0; c < C; c++) {
+        const float *pp = att_part(part, b, c, h, H, D), e = vexp(pp[0] - mx);
+        den += pp[1] * e;
+        if (c == 0) {
+            for (int64_t i = 0; i < D; i++) acc[i] *= e;
+        } else {
+            for (int64_t i = 0; i < D; i++) acc[i] += e * pp[2 + i];
+        }
+    }
+    const float inv = C ? 1.0f / den : 0.0f;
+    for (int64_t i = 0; i < D; i++) acc[i] *= inv;
+    store_row(dt, acc, (char *)out + (size_t)((b * H + h) * D) * esize(dt), D);
 }
 
 #endif

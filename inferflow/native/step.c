@@ -101,9 +101,9 @@ static void op_quant_x(const void *p, StepState *st, int tid, int nth) {
     int8_t *xq;
     float *dx;
     int32_t *sx;
-    (void)nth;
     q8x_parts(a->scratch, st->M, a->K, &xq, &dx, &sx);
-    if (tid == 0) quantize_x((const float *)a->x, a->ldx, st->M, a->K, xq, dx, sx);
+    const int64_t n = st->M * (a->K / 32);
+    quantize_x_part((const float *)a->x, a->ldx, a->K, xq, dx, sx, share(n, tid, nth), share(n, tid + 1, nth));
 }
 typedef struct { const void *w, *bias; void *scratch, *y; int64_t qt, rb, ldy, N, K; } GemvQ8X;
 static void op_gemv_q8x(const void *p, StepState *st, int tid, int nth) {
@@ -185,29 +185,40 @@ static void op_rope(const void *p, StepState *st, int tid, int nth) {
 }
 
 /* Attention of each row over the paged cache (cpu_paged_decode's arithmetic): kv_write stores the rows' new K/V
-   heads at their slots, then attention runs (row, kv head) tasks, or (row, query head) ones where those are too few
-   to keep every thread busy (a head's result does not depend on the task it is in). */
-typedef struct { const void *q, *knew, *vnew; void *kc, *vc, *out; int64_t sq, skn, svn, H, Hkv, D, bs, dt, win;
-                 double scale; } Attn;
+   heads at their slots, attention runs the (row, key chunk, kv head) tasks into part (M * ATT_CHUNKS * H * (D + 2)
+   floats), attn_merge combines each (row, head)'s chunks. */
+typedef struct { const void *q, *knew, *vnew; void *kc, *vc, *out, *part; int64_t sq, skn, svn, H, Hkv, D, bs, dt,
+                 cdt, win; double scale; } Attn;
 static void op_kv_write(const void *p, StepState *st, int tid, int nth) {
     const Attn *a = (const Attn *)p;
-    const size_t es = esize((int)a->dt), hb = (size_t)a->D * es;
+    const int dt = (int)a->dt, cdt = (int)a->cdt;
+    const size_t es = esize(dt), ces = esize(cdt);
     for (int64_t t = share(st->M * a->Hkv, tid, nth); t < share(st->M * a->Hkv, tid + 1, nth); t++) {
         const int64_t b = t / a->Hkv, kh = t % a->Hkv;
-        const size_t at = (size_t)(st->slots[b] * a->Hkv + kh) * hb;
-        memcpy((char *)a->kc + at, (const char *)a->knew + (size_t)(b * a->skn + kh * a->D) * es, hb);
-        memcpy((char *)a->vc + at, (const char *)a->vnew + (size_t)(b * a->svn + kh * a->D) * es, hb);
+        const size_t at = (size_t)((st->slots[b] * a->Hkv + kh) * a->D) * ces;
+        kv_row(dt, cdt, (const char *)a->knew + (size_t)(b * a->skn + kh * a->D) * es, (char *)a->kc + at, a->D);
+        kv_row(dt, cdt, (const char *)a->vnew + (size_t)(b * a->svn + kh * a->D) * es, (char *)a->vc + at, a->D);
     }
 }
 static void op_attention(const void *p, StepState *st, int tid, int nth) {
     const Attn *a = (const Attn *)p;
-    const int64_t rep = a->H / a->Hkv, parts = st->M * a->Hkv < 2 * nth ? rep : 1, per = rep / parts;
-    const int64_t tasks = st->M * a->Hkv * parts;
-    for (int64_t t = share(tasks, tid, nth); t < share(tasks, tid + 1, nth); t++) {
-        const int64_t b = t / (a->Hkv * parts), kh = t / parts % a->Hkv, g0 = t % parts * per;
-        paged_task((int)a->dt, a->q, a->sq, a->kc, a->vc, st->tables, st->tstride, st->lens, b, kh, g0, g0 + per,
-                   a->H, a->Hkv, a->D, a->bs, (float)a->scale, a->win, a->out);
+    int64_t tasks = 0;
+    for (int64_t b = 0; b < st->M; b++) tasks += att_nchunks(att_keys(st->lens[b], a->win));
+    tasks *= a->Hkv;
+    const int64_t lo = share(tasks, tid, nth), hi = share(tasks, tid + 1, nth);
+    for (int64_t b = 0, t = 0; b < st->M && t < hi; b++) {
+        const int64_t n = att_nchunks(att_keys(st->lens[b], a->win)) * a->Hkv;
+        for (int64_t i = t > lo ? 0 : lo - t; i < n && t + i < hi; i++)
+            if (attn_chunk((int)a->dt, (int)a->cdt, a->q, a->sq, a->kc, a->vc, st->tables, st->tstride, st->lens, b, i / a->Hkv,
+                           i % a->Hkv, a->H, a->Hkv, a->D, a->bs, (float)a->scale, a->win, (float *)a->part))
+                st->err = 1;
+        t += n;
     }
+}
+static void op_attn_merge(const void *p, StepState *st, int tid, int nth) {
+    const Attn *a = (const Attn *)p;
+    for (int64_t u = share(st->M * a->H, tid, nth); u < share(st->M * a->H, tid + 1, nth); u++)
+        attn_merge((int)a->dt, st->lens, a->win, u / a->H, u % a->H, a->H, a->D, (float *)a->part, a->out);
 }
 
 /* A sense-reversing barrier: spins (threads are hot between ops), yielding now and then in case a thread was
@@ -264,7 +275,7 @@ void *step_op(const char *name) {
         {"embed", op_embed}, {"gemv_f", op_gemv_f}, {"gemv_q", op_gemv_q}, {"rmsnorm", op_rmsnorm}, {"add_rmsnorm", op_add_rmsnorm},
         {"head_rmsnorm", op_head_rmsnorm},
         {"add", op_add}, {"silu_mul", op_silu_mul}, {"rope", op_rope}, {"kv_write", op_kv_write},
-        {"attention", op_attention},
+        {"attention", op_attention}, {"attn_merge", op_attn_merge},
 #ifdef HAVE_VNNI
         {"quant_x", op_quant_x}, {"gemv_q8x", op_gemv_q8x},
 #endif

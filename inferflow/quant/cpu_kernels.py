@@ -10,9 +10,12 @@ Two kernel sets, picked once per model at load time:
   for up to :data:`NATIVE_MAX_ROWS` rows; larger batches (prefill) decode the weight once per call into a reused
   buffer, :data:`NATIVE_DECODE_ELEMS` at a time, for bf16 GEMMs (:data:`NATIVE_PREFILL_BF16`; vocab heads: exact
   float32 ones). Fused q/k/v and gate/up linears concatenate their block rows (model/fuse.py).
-  ``$INFERFLOW_NATIVE_Q8X=1`` sends Q4_0 / Q4_1 / Q8_0 layers (not vocab heads) through llama.cpp's arithmetic
-  instead (activations quantized to int8 per 32-block, AVX512-VNNI dot products: ~5e-3 relative error; off by
-  default, see :func:`native_q8x`). Measured: tools/bench_native_quant.py. Everything below is what runs where the
+  Decode calls of Q4_0 / Q4_1 / Q8_0 weights (vocab heads too) take llama.cpp's arithmetic instead where the CPU
+  has AVX512-VNNI: activations quantized to int8 per 32-block, integer dot products of 16 weight rows at a time
+  (gemv_q8x.h; ~5e-3 relative error, as llama.cpp's q8_0 activations; 1.3-2x the exact decode, which left these
+  types compute-bound). ``$INFERFLOW_NATIVE_Q8X=0`` keeps the exact decode (:func:`native_q8x`). Prefill-sized
+  calls keep the bf16 GEMMs below: int8 activations there too (llama.cpp's way, and faster up to ~64 rows) turned
+  the default model's answer to tests/test_default_model.py's question from "Paris" into llama.cpp's own wrong one. Measured: tools/bench_native_quant.py. Everything below is what runs where the
   native kernels are unavailable (no compiler, ``INFERFLOW_NATIVE=0``) or for other types: Q4_0 / Q4_1 / Q4_K
   weights on a CPU are repacked at load into torch's int4 weight-only kernel (:mod:`.int4pack`: bf16 compute, within
   bf16 tolerance of the exact product; the ggml blocks are dropped, 5 bits per weight stay). Batches above
@@ -225,9 +228,16 @@ def linear(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tens
 
 
 def native_q8x() -> bool:
-    """$INFERFLOW_NATIVE_Q8X=1: Q4_0 / Q4_1 / Q8_0 layers (not vocab heads) take the int8-activation kernel
-    (llama.cpp's arithmetic, approximate; see native_linear.gemv_q8x) where the build has it. Off by default."""
-    return os.environ.get("INFERFLOW_NATIVE_Q8X", "0") == "1" and native_linear.has_vnni()
+    """Whether Q4_0 / Q4_1 / Q8_0 decode GEMVs take the int8-activation kernel (llama.cpp's arithmetic,
+    approximate; see native_linear.gemv_q8x): where the build has it, unless ``$INFERFLOW_NATIVE_Q8X=0``."""
+    return os.environ.get("INFERFLOW_NATIVE_Q8X", "1") != "0" and native_linear.has_vnni()
+
+
+def q8x_takes(qtype: int, shape: tuple[int, int]) -> bool:
+    """Whether a native linear of ``qtype`` runs :func:`native_q8x`'s kernel at decode (vocab heads too, as in
+    llama.cpp: the greedy answers of tests/test_default_model.py hold)."""
+    del shape  # every shape: the kernel takes any N and K % 32 == 0 (ggml rows are whole blocks)
+    return qtype in native_linear.Q8X_TYPES and native_q8x()
 
 
 def _native(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -238,8 +248,7 @@ def _native(module: torch.nn.Module, name: str, x: torch.Tensor, bias: torch.Ten
     qtype, shape = module.packed[name]
     x2 = x if x.dim() == 2 else x.reshape(-1, shape[1])
     if x2.shape[0] <= NATIVE_MAX_ROWS:
-        q8x = qtype in native_linear.Q8X_TYPES and shape[0] < Q8_INT4_MAX_N and native_q8x()
-        y = (native_linear.gemv_q8x if q8x else native_linear.gemv)(blocks, qtype, shape, x2, bias)
+        y = (native_linear.gemv_q8x if q8x_takes(qtype, shape) else native_linear.gemv)(blocks, qtype, shape, x2, bias)
     else:
         rows, cols = shape
         step = max(1, NATIVE_DECODE_ELEMS // cols)
