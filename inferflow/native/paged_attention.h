@@ -39,44 +39,67 @@ static inline __attribute__((always_inline)) void prefetch_row(const void *c, co
     for (int o = 0; o < (dt ? 32 : 64) * DC; o += 64) _mm_prefetch(r + o, _MM_HINT_T0);
 }
 
-/* s[t] = scale * (q . K[t]) for keys t < L of one head, float32 or bfloat16 K (dt), D = 16 DC, key t's row at element
-   at[t]: each key's products in DC registers of fused multiply-adds, 16 keys' lanes summed at once (hsum16), the
-   last L % 16 keys one by one */
-static inline __attribute__((always_inline)) void qk_head(const int DC, const int dt, const void *kc,
-                                                         const int64_t *at, int64_t L, const float *q, float scale,
-                                                         float *s) {
-    __m512 qv[8], v[16];
-    for (int c = 0; c < DC; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
+/* s[g * ss + t] = scale * (q_g . K[t]) for keys t < L and the R query heads g of one kv head (q_g at q + g * 16 DC),
+   float32 or bfloat16 K (dt), D = 16 DC, key t's row at element at[t]: each key's row loaded (and converted) once for
+   all R heads, its products in DC fused multiply-adds per head, 16 keys' lanes summed at once (hsum16), the last
+   L % 16 keys one by one. A head's chain does not depend on R. */
+static inline __attribute__((always_inline)) void qk_group(const int DC, const int dt, const int R, const void *kc,
+                                                          const int64_t *at, int64_t L, const float *q, float scale,
+                                                          float *s, int64_t ss) {
+    __m512 v[4][16];  /* R x 16 keys' lane sums: mostly on the stack, read back by hsum16 */
     for (int64_t t = 0; t < L; t += 16) {
         const int n = L - t < 16 ? (int)(L - t) : 16;
         for (int j = 0; j < n; j++) {
             const int64_t kr = at[t + j];
             prefetch_row(kc, at, L, DC, dt, t + j + PF_KEYS);
-            __m512 a = _mm512_mul_ps(qv[0], load16(kc, kr, dt));
-            for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(qv[c], load16(kc, kr + 16 * c, dt), a);
-            v[j] = a;
+            __m512 k[8];
+            for (int c = 0; c < DC; c++) k[c] = load16(kc, kr + 16 * c, dt);
+            for (int g = 0; g < R; g++) {
+                const float *qg = q + g * 16 * DC;
+                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), k[0]);
+                for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), k[c], a);
+                v[g][j] = a;
+            }
         }
-        if (n == 16) {
-            _mm512_storeu_ps(s + t, _mm512_mul_ps(hsum16(v), _mm512_set1_ps(scale)));
-        } else {
-            for (int j = 0; j < n; j++) s[t + j] = _mm512_reduce_add_ps(v[j]) * scale;
+        for (int g = 0; g < R; g++) {
+            if (n == 16) {
+                _mm512_storeu_ps(s + g * ss + t, _mm512_mul_ps(hsum16(v[g]), _mm512_set1_ps(scale)));
+            } else {
+                for (int j = 0; j < n; j++) s[g * ss + t + j] = _mm512_reduce_add_ps(v[g][j]) * scale;
+            }
         }
     }
 }
 
-/* acc[0 .. 16 DC) = sum over keys t (in order) of p[t] * V[t] for one head (rows as qk_head's): DC registers of
-   fused multiply-adds (a memory accumulator would wait on its own store at every key) */
-static inline __attribute__((always_inline)) void pv_head(const int DC, const int dt, const void *vc,
-                                                         const int64_t *at, int64_t L, const float *p, float *acc) {
-    __m512 a[8];
-    for (int c = 0; c < DC; c++) a[c] = _mm512_setzero_ps();
+/* acc[g * sa + (0 .. 16 DC)] = sum over keys t (in order) of p[g * sp + t] * V[t] for R heads (rows as qk_group's):
+   each row loaded once, DC registers of fused multiply-adds per head (a memory accumulator would wait on its own
+   store at every key) */
+static inline __attribute__((always_inline)) void pv_group(const int DC, const int dt, const int R, const void *vc,
+                                                          const int64_t *at, int64_t L, const float *p, int64_t sp,
+                                                          float *acc, int64_t sa) {
+    __m512 a[4][8];
+    for (int g = 0; g < R; g++)
+        for (int c = 0; c < DC; c++) a[g][c] = _mm512_setzero_ps();
     for (int64_t t = 0; t < L; t++) {
         prefetch_row(vc, at, L, DC, dt, t + PF_KEYS);
-        const __m512 pv = _mm512_set1_ps(p[t]);
-        for (int c = 0; c < DC; c++) a[c] = _mm512_fmadd_ps(pv, load16(vc, at[t] + 16 * c, dt), a[c]);
+        __m512 v[8];
+        for (int c = 0; c < DC; c++) v[c] = load16(vc, at[t] + 16 * c, dt);
+        for (int g = 0; g < R; g++) {
+            const __m512 pv = _mm512_set1_ps(p[g * sp + t]);
+            for (int c = 0; c < DC; c++) a[g][c] = _mm512_fmadd_ps(pv, v[c], a[g][c]);
+        }
     }
-    for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+    for (int g = 0; g < R; g++)
+        for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + g * sa + 16 * c, a[g][c]);
 }
+
+/* The register paths' instances: D 64 / 128 (DC 4 / 8), float32 / bfloat16 cache, 1-4 heads per kv head at once */
+#define ATT_R(F, DC, DT, R, ...) \
+    (R == 1 ? F(DC, DT, 1, __VA_ARGS__) : R == 2 ? F(DC, DT, 2, __VA_ARGS__) : R == 3 ? F(DC, DT, 3, __VA_ARGS__) \
+            : F(DC, DT, 4, __VA_ARGS__))
+#define ATT_CALL(F, D, DT, R, ...)                                                                          \
+    ((D) == 64 ? ((DT) ? ATT_R(F, 4, 1, R, __VA_ARGS__) : ATT_R(F, 4, 0, R, __VA_ARGS__))                  \
+               : ((DT) ? ATT_R(F, 8, 1, R, __VA_ARGS__) : ATT_R(F, 8, 0, R, __VA_ARGS__)))
 #endif
 
 /* Work units: each sequence's keys (the last win of them with a sliding window) are cut into at most ATT_CHUNKS
@@ -86,8 +109,12 @@ static inline __attribute__((always_inline)) void pv_head(const int DC, const in
    combines a head's chunks in order (flash decoding). Chunks read contiguous cache rows once for all of a kv
    head's query heads, and a batch of one sequence still has chunks x kv heads tasks to spread over the threads. */
 #define ATT_CHUNKS 8
+#define ATT_MIN_KEYS 64 /* a chunk's first PF_KEYS rows wait on memory: short chunks are mostly that */
 static inline int64_t att_keys(int64_t L, int64_t win) { return win > 0 && L > win ? win : L; }
-static inline int64_t att_chunk(int64_t n) { return ((n + ATT_CHUNKS - 1) / ATT_CHUNKS + 31) / 32 * 32; }
+static inline int64_t att_chunk(int64_t n) {
+    const int64_t c = ((n + ATT_CHUNKS - 1) / ATT_CHUNKS + 31) / 32 * 32;
+    return c < ATT_MIN_KEYS ? ATT_MIN_KEYS : c;
+}
 static inline int64_t att_nchunks(int64_t n) { return n > 0 ? (n + att_chunk(n) - 1) / att_chunk(n) : 0; }
 /* The partial of (sequence b, chunk c, query head h): m, l, acc[D] */
 static inline float *att_part(float *part, int64_t b, int64_t c, int64_t h, int64_t H, int64_t D) {
@@ -133,15 +160,20 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
         for (int64_t o = 0; o < m; o++) at[i++] = ((base + o0 + o) * Hkv + kh) * D;
         t += m;
     }
+#ifdef __AVX512F__
+    /* the first rows' K and V now (the loops prefetch PF_KEYS ahead of themselves from there on) */
+    for (int64_t t = 0; t < PF_KEYS && t < nk; t++) {
+        prefetch_row(kc, at, nk, (int)(D / 16), cdt, t);
+        prefetch_row(vc, at, nk, (int)(D / 16), cdt, t);
+    }
+#endif
     load_row(dt, (const char *)q + (size_t)(b * sq + h0 * D) * es, qf, rep * D);
 #ifdef __AVX512F__
     const int fast = D == 64 || D == 128;  /* common head sizes: sums in registers */
     if (fast) {
-        for (int64_t g = 0; g < rep; g++) {
-            float *sg = sc + g * nk;
-            const float *qg = qf + g * D;
-            if (D == 64) cdt ? qk_head(4, 1, kc, at, nk, qg, scale, sg) : qk_head(4, 0, kc, at, nk, qg, scale, sg);
-            else cdt ? qk_head(8, 1, kc, at, nk, qg, scale, sg) : qk_head(8, 0, kc, at, nk, qg, scale, sg);
+        for (int64_t g = 0; g < rep; g += 4) {
+            const int r = rep - g < 4 ? (int)(rep - g) : 4;
+            ATT_CALL(qk_group, D, cdt, r, kc, at, nk, qf + g * D, scale, sc + g * nk, nk);
         }
     } else
 #endif
@@ -158,11 +190,9 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
     }
 #ifdef __AVX512F__
     if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
-        for (int64_t g = 0; g < rep; g++) {
-            const float *pg = sc + g * nk;
-            float *ag = att_part(part, b, c, h0 + g, H, D) + 2;
-            if (D == 64) cdt ? pv_head(4, 1, vc, at, nk, pg, ag) : pv_head(4, 0, vc, at, nk, pg, ag);
-            else cdt ? pv_head(8, 1, vc, at, nk, pg, ag) : pv_head(8, 0, vc, at, nk, pg, ag);
+        for (int64_t g = 0; g < rep; g += 4) {
+            const int r = rep - g < 4 ? (int)(rep - g) : 4;
+            ATT_CALL(pv_group, D, cdt, r, vc, at, nk, sc + g * nk, nk, att_part(part, b, c, h0 + g, H, D) + 2, D + 2);
         }
     } else
 #endif
