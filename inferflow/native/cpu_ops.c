@@ -18,25 +18,12 @@
 #define LANES 16
 #define STACK_FLOATS 4096
 
-static inline float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#include "half.h"
 
-static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch's float -> bfloat16 */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float rnd(float f, int dt) { return dt ? bf2f(f2bf(f)) : f; }
+static inline float rnd(float f, int dt) { return dt ? bf16_to_f32(f32_to_bf16(f)) : f; }
 
 static void round_row(float *a, int64_t n) {  /* to bfloat16 and back, in place */
-    for (int64_t i = 0; i < n; i++) a[i] = bf2f(f2bf(a[i]));
+    for (int64_t i = 0; i < n; i++) a[i] = bf16_to_f32(f32_to_bf16(a[i]));
 }
 
 static void load_row(int dt, const void *src, float *dst, int64_t n) {
@@ -44,7 +31,7 @@ static void load_row(int dt, const void *src, float *dst, int64_t n) {
         memcpy(dst, src, (size_t)n * 4);
     } else {
         const uint16_t *s = (const uint16_t *)src;
-        for (int64_t i = 0; i < n; i++) dst[i] = bf2f(s[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
     }
 }
 
@@ -53,7 +40,7 @@ static void store_row(int dt, const float *src, void *dst, int64_t n) {
         memcpy(dst, src, (size_t)n * 4);
     } else {
         uint16_t *d = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++) d[i] = f2bf(src[i]);
+        for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
     }
 }
 

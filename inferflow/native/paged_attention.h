@@ -217,7 +217,7 @@ static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D) {
     } else {
         const float *s = (const float *)src;  /* dt float32, cdt bfloat16: the one mixed pair callers pass */
         uint16_t *d = (uint16_t *)dst;
-        for (int64_t i = 0; i < D; i++) d[i] = f2bf(s[i]);
+        for (int64_t i = 0; i < D; i++) d[i] = f32_to_bf16(s[i]);
     }
 }
 

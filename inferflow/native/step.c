@@ -157,7 +157,7 @@ static void op_add(const void *p, StepState *st, int tid, int nth) {
     } else {
         const uint16_t *x = (const uint16_t *)a->a, *y = (const uint16_t *)a->b;
         uint16_t *o = (uint16_t *)a->y;
-        for (int64_t i = i0; i < i1; i++) o[i] = f2bf(bf2f(x[i]) + bf2f(y[i]));
+        for (int64_t i = i0; i < i1; i++) o[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
     }
 }
 
