@@ -14,7 +14,7 @@ Two kernel sets, picked once per model at load time:
   has AVX512-VNNI: activations quantized to int8 per 32-block, integer dot products of 16 weight rows at a time
   (gemv_q8x.h; ~5e-3 relative error, as llama.cpp's q8_0 activations; 1.3-2x the exact decode, which left these
   types compute-bound). ``$INFERFLOW_NATIVE_Q8X=0`` keeps the exact decode (:func:`native_q8x`). Prefill-sized
-  calls keep the bf16 GEMMs below: int8 activations there too (llama.cpp's way, and faster up to ~64 rows) turned
+  calls keep the bf16 GEMMs below: int8 activations there too (llama.cpp's way) turned
   the default model's answer to tests/test_default_model.py's question from "Paris" into llama.cpp's own wrong one. Measured: tools/bench_native_quant.py. Everything below is what runs where the
   native kernels are unavailable (no compiler, ``INFERFLOW_NATIVE=0``) or for other types: Q4_0 / Q4_1 / Q4_K
   weights on a CPU are repacked at load into torch's int4 weight-only kernel (:mod:`.int4pack`: bf16 compute, within
