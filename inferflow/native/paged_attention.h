@@ -151,7 +151,11 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
     const int64_t L = lens[b], n = att_keys(L, win), ch = att_chunk(n), rep = H / Hkv, h0 = kh * rep;
     const int64_t k0 = L - n + c * ch, k1 = k0 + ch < L ? k0 + ch : L, nk = k1 - k0;
     const int64_t *tab = tables + b * tstride;
-    float *qf = malloc((size_t)(rep * D + rep * nk + D) * 4 + (size_t)nk * 8);
+    /* a chunk's scratch fits the stack for common shapes (a malloc per task: ~5% of the op at bf16 batch 8,
+       tools/profile_cpu.py --batch 8, attention vs gate/up time 0.49 -> 0.47) */
+    float local[4096] __attribute__((aligned(64)));
+    const size_t need = (size_t)(rep * D + rep * nk + D) * 4 + (size_t)nk * 8;
+    float *qf = need <= sizeof local ? local : malloc(need);
     if (!qf) return -1;
     float *sc = qf + rep * D, *kv = sc + rep * nk;
     int64_t *at = (int64_t *)(kv + D);  /* each key's row, as an element offset into the caches */
@@ -205,7 +209,7 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
             for (int64_t i = 0; i < D; i++) a[i] += p * vr[i];
         }
     }
-    free(qf);
+    if (qf != local) free(qf);
     return 0;
 }
 
