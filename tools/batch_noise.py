@@ -16,7 +16,6 @@ import random
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -24,6 +23,7 @@ import inferflow  # noqa: E402
 from inferflow.engine.config import EngineConfig  # noqa: E402
 from inferflow.engine.engine import Engine  # noqa: E402
 from inferflow.engine.sampling_params import SamplingParams  # noqa: E402
+from tools import model_args  # noqa: E402
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "1, 2, 3, 4,", "Once upon a time",
            "The best way to learn", "Water boils at", "My favourite colour is", "import numpy as"]
@@ -51,16 +51,11 @@ def _top(lp: dict) -> tuple[int, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?")
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    if a.model is None:
-        from inferflow.default_model import default_model_path
-        a.model = str(default_model_path())
+    def options(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--trials", type=int, default=3)
+        ap.add_argument("--requests", type=int, default=24)
+
+    a = model_args.parse(__doc__, options)
     model = inferflow.load(a.model)
     ids = [model.tokenizer.encode(p) for p in PROMPTS]
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import inferflow  # noqa: E402
 from inferflow.quant import cpu_kernels  # noqa: E402
+from tools import model_args  # noqa: E402
 
 
 def med_ms(fns: dict, rounds: int, repeat: int = 1) -> dict[str, float]:
@@ -43,16 +44,11 @@ def med_ms(fns: dict, rounds: int, repeat: int = 1) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("gguf", nargs="?")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=32)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    if a.gguf is None:
-        from inferflow.default_model import default_model_path
-        a.gguf = str(default_model_path())
+    def options(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--rounds", type=int, default=3)
+        ap.add_argument("--tokens", type=int, default=32)
+
+    a = model_args.parse(__doc__, options, name="gguf")
     dense = inferflow.load(a.gguf)
     saved = cpu_kernels.DENSE_MAX_ELEMS
     cpu_kernels.DENSE_MAX_ELEMS = 0

@@ -91,28 +91,26 @@ static void op_gemv_q(const void *p, StepState *st, int tid, int nth) {
 #ifdef HAVE_VNNI
 /* llama.cpp's arithmetic (gemv_ggml.c, ggml_gemv_q8x): x quantized once into scratch, then the int8 products */
 typedef struct { const void *x; void *scratch; int64_t ldx, K; } QuantX;
-static void q8x_parts(void *scratch, int64_t M, int64_t K, int8_t **xq, float **dx, int32_t **sx) {
-    *xq = (int8_t *)scratch;
-    *dx = (float *)(*xq + M * K);
-    *sx = (int32_t *)(*dx + M * (K / 32));
+/* The scratch's parts: x's int8 codes [M, K], per-block scales and code sums [M, K / 32] */
+typedef struct { int8_t *xq; float *dx; int32_t *sx; } Q8XBuf;
+static Q8XBuf q8x_buf(void *scratch, int64_t M, int64_t K) {
+    Q8XBuf b;
+    b.xq = (int8_t *)scratch;
+    b.dx = (float *)(b.xq + M * K);
+    b.sx = (int32_t *)(b.dx + M * (K / 32));
+    return b;
 }
 static void op_quant_x(const void *p, StepState *st, int tid, int nth) {
     const QuantX *a = (const QuantX *)p;
-    int8_t *xq;
-    float *dx;
-    int32_t *sx;
-    q8x_parts(a->scratch, st->M, a->K, &xq, &dx, &sx);
+    const Q8XBuf b = q8x_buf(a->scratch, st->M, a->K);
     const int64_t n = st->M * (a->K / 32);
-    quantize_x_part((const float *)a->x, a->ldx, a->K, xq, dx, sx, share(n, tid, nth), share(n, tid + 1, nth));
+    quantize_x_part((const float *)a->x, a->ldx, a->K, b.xq, b.dx, b.sx, share(n, tid, nth), share(n, tid + 1, nth));
 }
 typedef struct { const void *w, *bias; void *scratch, *y; int64_t qt, rb, ldy, N, K; } GemvQ8X;
 static void op_gemv_q8x(const void *p, StepState *st, int tid, int nth) {
     const GemvQ8X *a = (const GemvQ8X *)p;
-    int8_t *xq;
-    float *dx;
-    int32_t *sx;
-    q8x_parts(a->scratch, st->M, a->K, &xq, &dx, &sx);
-    gemv_q8x_part((int)a->qt, (const uint8_t *)a->w, a->rb, xq, dx, sx, (float *)a->y, a->ldy,
+    const Q8XBuf b = q8x_buf(a->scratch, st->M, a->K);
+    gemv_q8x_part((int)a->qt, (const uint8_t *)a->w, a->rb, b.xq, b.dx, b.sx, (float *)a->y, a->ldy,
                   (const float *)a->bias, st->M, a->N, a->K, tid, nth);
 }
 #endif
