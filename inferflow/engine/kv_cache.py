@@ -26,6 +26,7 @@ import torch
 from ..errors import InferflowError
 from .block_pool import BlockPool, NoFreeBlocks  # noqa: F401 - NoFreeBlocks: re-exported (swap_in raises it)
 from .kv_slots import SlotIndexing
+from ..model.hugepages import Arena
 from .kv_store import KVLayer, LayerStore, quantize_int8, storage_dtype
 from .kv_store import kv_layers  # noqa: F401 - re-exported: its home was this module
 from .kv_swap import BlockCopies
@@ -64,10 +65,18 @@ class PagedKVCache(SlotIndexing, BlockCopies):
         self._dev: dict[int, LayerStore] = {}
         self._host: dict[int, LayerStore] = {}
         self._claimed: tuple | None = None  # (key, slots, k) of a write a kernel did itself (claim_write)
+        # unpinned CPU stores (a CPU model's cache) share one huge-page arena: attention streams them as it does
+        # the weights (model/hugepages.py)
+        cpu = [layer for layer in self.layers if (self.device.type == "cpu" or layer.key in self.host_layers)
+               and not (pin and layer.key in self.host_layers)]
+        cpu_keys = {layer.key for layer in cpu}
+        arena = Arena([sh for layer in cpu for sh in LayerStore.shapes(layer, num_blocks, block_size, sd)]) \
+            if cpu else None
         for layer in self.layers:
             on_host = layer.key in self.host_layers
             self._dev[layer.key] = LayerStore.new(layer, num_blocks, block_size, self.store_dtype,
-                                                  _CPU if on_host else self.device, pin and on_host)
+                                                  _CPU if on_host else self.device, pin and on_host,
+                                                  arena if layer.key in cpu_keys else None)
             if num_host_blocks:
                 self._host[layer.key] = LayerStore.new(layer, num_host_blocks, block_size, self.store_dtype, _CPU, pin)
 

@@ -15,11 +15,14 @@ on GPU, so a step over int8 blocks takes longer than over float16 ones (~0.9 vs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import InferflowError
+
+if TYPE_CHECKING:
+    from ..model.hugepages import Arena
 
 STORE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
@@ -57,15 +60,24 @@ class LayerStore:
     vs: torch.Tensor | None
 
     @classmethod
-    def new(cls, layer: KVLayer, nb: int, bs: int, dtype: torch.dtype, device: torch.device, pin: bool) -> "LayerStore":
+    def new(cls, layer: KVLayer, nb: int, bs: int, dtype: torch.dtype, device: torch.device, pin: bool,
+            arena: "Arena | None" = None) -> "LayerStore":
+        """Zeroed stores (``arena``: carved from it, for unpinned CPU memory)."""
         # zeros, not empty: padded gathers read slots they then mask, and 0 * NaN garbage would be NaN
         def z(*shape, dt=dtype):
+            if arena is not None:
+                return arena.zeros(shape, dt)
             return torch.zeros(shape, dtype=dt, device=device, pin_memory=pin)
 
+        made = [z(*shape, dt=dt) for shape, dt in cls.shapes(layer, nb, bs, dtype)]
+        return cls(*made) if len(made) == 4 else cls(*made, None, None)
+
+    @staticmethod
+    def shapes(layer: KVLayer, nb: int, bs: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of k, v and, for int8 stores, their scales."""
         shape = (nb, bs, layer.num_kv_heads, layer.head_dim)
-        q8 = dtype == torch.int8
-        return cls(z(*shape), z(*shape), z(*shape[:3], dt=torch.float32) if q8 else None,
-                   z(*shape[:3], dt=torch.float32) if q8 else None)
+        scales = [(shape[:3], torch.float32)] * 2 if dtype == torch.int8 else []
+        return [(shape, dtype), (shape, dtype), *scales]
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.k, self.v, self.ks, self.vs) if t is not None]

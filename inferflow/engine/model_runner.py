@@ -34,10 +34,12 @@ class ModelRunner:
         # fused projections pay on the CPU too (fewer, larger GEMMs: -15% GEMM time for an 8-row decode step)
         if config is not None and (config.fuse_projections if config.fuse_projections is not None else True):
             fuse_projections(model.net)
-        if config is not None and self.device.type == "cpu":  # bf16 linears: oneDNN-packed weights for batches
+        if config is not None and self.device.type == "cpu":
             from ..model.cpu_prepack import prepack_linears
+            from ..model.hugepages import move_module
 
-            prepack_linears(model.net)
+            move_module(model.net)  # weights in huge pages, before anything records their addresses
+            prepack_linears(model.net)  # bf16 linears: oneDNN-packed weights for batches
         if config is not None and (config.fuse_add_norm if config.fuse_add_norm is not None else cuda):
             from ..model.fuse_add_norm import fuse_add_norms  # imports Triton: only when asked for
 

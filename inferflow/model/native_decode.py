@@ -6,7 +6,8 @@ The lowering walks the assembled flows as :class:`~inferflow.model.flow.Flow` ru
 component to native ops over preallocated buffers of :data:`MAX_ROWS` rows: RMSNorm, residual adds, attention
 (projections, per-head q/k RMSNorms, rotate-half RoPE, the K/V write and paged attention over the engine's cache, the
 output projection), gated SiLU MLPs and linears over float weights (float32 / bfloat16 / float16) or ggml blocks
-(Q4_0 / Q4_1 / Q8_0 on int8 activations, as the op-by-op path: cpu_kernels.q8x_takes). The ops are the kernels the op-by-op path calls, so the logits are the same bits. A step it does not know (another
+(Q4_0 / Q4_1 / Q8_0 on int8 activations, as the op-by-op path: cpu_kernels.q8x_takes). The ops are the kernels
+the op-by-op path calls, so the logits are the same bits. A step it does not know (another
 component, or a feature the kernels lack: ALiBi, soft-caps, whole-projection q/k norms, quantized or
 host-resident K/V) raises :class:`Unsupported` and the model keeps its op-by-op path. The token lookup (float rows or
 ggml blocks, decoded exactly), the final block and the head are in the program too (a scaled embedding stays a torch
@@ -25,41 +26,13 @@ from ..native import cpu_ops, step
 from ..quant import cpu_kernels, ggml, native_linear
 from .context import AttentionBackend, ForwardContext
 from .flow import Flow, Stack
+from .native_attention import AttentionLowering
+from .native_lowering import DT, GEMV_T, MAX_ROWS, Unsupported, Val, label, name_of
 
 log = logging.getLogger(__name__)
-ATT_CHUNKS = 8  # paged_attention.h's: key chunks per sequence at most
-MAX_ROWS = 16
-_DT = {torch.float32: 0, torch.bfloat16: 1}
-_GEMV_T = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _label(tag: str) -> str:
-    """A step's name without its layer set ("L0.mlp.down" -> "mlp.down"): profiles sum over layers."""
-    return tag.split(".", 1)[1] if tag[:1] == "L" and "." in tag else tag
-
-
-class Unsupported(Exception):
-    """The model (or one of its steps) has something the native program does not run."""
-
-
-def _name(m: torch.nn.Module) -> str:
-    return getattr(m, "component_name", None) or type(m).__name__
-
-
-class _Val:
-    """A lowered value: a buffer view [MAX_ROWS, n] (row stride ld elements) of the model's dtype."""
-
-    __slots__ = ("t", "n", "ld")
-
-    def __init__(self, t: torch.Tensor, n: int, ld: int):
-        self.t, self.n, self.ld = t, n, ld
-
-    def at(self, col: int) -> int:
-        """The address of column ``col`` of row 0."""
-        return self.t.data_ptr() + col * self.t.element_size()
-
-
-class NativeDecoder:
+class NativeDecoder(AttentionLowering):
     """A decoder-only model's decode step (1..MAX_ROWS sequences of one new token each) as one native program over
     the engine's paged K/V cache. Build with :meth:`build` (None where anything is unsupported)."""
 
@@ -68,9 +41,9 @@ class NativeDecoder:
     def __init__(self, model: Any, cache: Any):
         self.model, self.cache = model, cache
         self.dtype = model.dtype
-        if self.dtype not in _DT:
+        if self.dtype not in DT:
             raise Unsupported(f"activations in {self.dtype}")
-        self.dt = _DT[self.dtype]
+        self.dt = DT[self.dtype]
         net = model.net
         if net.encoder is not None or net.decoder is None or net.head is None:
             raise Unsupported("not a decoder-only model with a head")
@@ -91,7 +64,7 @@ class NativeDecoder:
         hidden = self._embed_dim()
         self.x0 = self._buf(hidden, "embed")
         self.native_embed = self._embed_op()
-        x = _Val(self.x0, hidden, hidden)
+        x = Val(self.x0, hidden, hidden)
         for i, layer in enumerate(self.stack.layers):
             x = self._flow(layer, x, f"L{i % 2}")
         if self.stack.final is not None:
@@ -128,7 +101,7 @@ class NativeDecoder:
     def _embed_dim(self) -> int:
         emb = self.stack.embed
         m = getattr(emb, emb.plan[0][0]) if emb is not None and len(emb.plan) == 1 else None
-        if m is None or _name(m) != "token_embedding":
+        if m is None or name_of(m) != "token_embedding":
             raise Unsupported("embedding block is not one token lookup")
         self.embed_mod = m
         return m.packed["weight"][1][1] if m.packed is not None else m.weight.shape[1]
@@ -156,14 +129,14 @@ class NativeDecoder:
         return True
 
     # ---- flows ----------------------------------------------------------------------------------
-    def _flow(self, flow: Flow, x: _Val, tag: str) -> _Val:
+    def _flow(self, flow: Flow, x: Val, tag: str) -> Val:
         env: dict[str, Any] = {flow.first_input: x, "x": x}
         cur: Any = x
         for name, inputs in flow.plan:
             if inputs is not None:
                 cur = env[inputs[0]] if len(inputs) == 1 else [env[n] for n in inputs]
             m = getattr(flow, name)
-            kind = _name(m)
+            kind = name_of(m)
             lower = _LOWER.get(kind)
             if lower is None or getattr(m, "_forward_hooks", None) or getattr(m, "_forward_pre_hooks", None):
                 raise Unsupported(f"step {name!r} ({kind})")
@@ -171,15 +144,15 @@ class NativeDecoder:
             env[name] = cur
         return cur
 
-    def _norm(self, m: Any, x: _Val, tag: str) -> _Val:
-        if "fused_pending" in m.__dict__ or m.weight.dtype not in _DT or m.weight.shape != (x.n,):
+    def _norm(self, m: Any, x: Val, tag: str) -> Val:
+        if "fused_pending" in m.__dict__ or m.weight.dtype not in DT or m.weight.shape != (x.n,):
             raise Unsupported(f"{tag}: norm form")
         y = self._buf(x.n, tag)
-        self.prog.add("rmsnorm", _label(tag), a=x.t, w=m.weight, y=y, sx=x.ld, D=x.n, dt=self.dt, wdt=_DT[m.weight.dtype],
+        self.prog.add("rmsnorm", label(tag), a=x.t, w=m.weight, y=y, sx=x.ld, D=x.n, dt=self.dt, wdt=DT[m.weight.dtype],
                       wif=int(m.weight_in_float or self.dt == 0), lanes=8, eps=m.eps, offset=m.offset)
-        return _Val(y, x.n, x.n)
+        return Val(y, x.n, x.n)
 
-    def _add(self, m: Any, xs: Sequence[_Val], tag: str) -> _Val:
+    def _add(self, m: Any, xs: Sequence[Val], tag: str) -> Val:
         if m.fused_norm is not None or not isinstance(xs, list) or len(xs) < 2:
             raise Unsupported(f"{tag}: add form")
         cur = xs[0]
@@ -187,11 +160,11 @@ class NativeDecoder:
             if x.n != cur.n or x.ld != x.n or cur.ld != cur.n:
                 raise Unsupported(f"{tag}: add of strided values")
             y = self._buf(cur.n, tag)
-            self.prog.add("add", _label(tag), a=cur.t, b=x.t, y=y, D=cur.n, dt=self.dt)
-            cur = _Val(y, cur.n, cur.n)
+            self.prog.add("add", label(tag), a=cur.t, b=x.t, y=y, D=cur.n, dt=self.dt)
+            cur = Val(y, cur.n, cur.n)
         return cur
 
-    def _linear(self, m: Any, x: _Val, tag: str, col: int = 0) -> _Val:
+    def _linear(self, m: Any, x: Val, tag: str, col: int = 0) -> Val:
         """y = x[:, col:col + K] W^T (+ b) into a new buffer."""
         n, k = m.out_features, m.in_features
         xp = x.at(col)
@@ -206,21 +179,22 @@ class NativeDecoder:
                 self._keep.append(bias)  # a float32 copy: kept alive with the program
             if self.q8x and cpu_kernels.q8x_takes(qtype, shape):
                 scratch = self._q8x_scratch(k)
-                self.prog.add("quant_x", _label(tag), x=xp, scratch=scratch, ldx=x.ld, K=k)
-                self.prog.add("gemv_q8x", f"{_label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, bias=bias, scratch=scratch, y=y, qt=qtype, rb=blocks.stride(0),
-                              ldy=n, N=n, K=k)
+                self.prog.add("quant_x", label(tag), x=xp, scratch=scratch, ldx=x.ld, K=k)
+                self.prog.add("gemv_q8x", f"{label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, bias=bias,
+                              scratch=scratch, y=y, qt=qtype, rb=blocks.stride(0), ldy=n, N=n, K=k)
             else:
-                self.prog.add("gemv_q", f"{_label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, x=xp, bias=bias, y=y, qt=qtype, rb=blocks.stride(0), ldx=x.ld,
-                              ldy=n, N=n, K=k)
-            return _Val(y, n, n)
+                self.prog.add("gemv_q", f"{label(tag)} {n}x{k} {ggml.type_name(qtype)}", w=blocks, x=xp, bias=bias,
+                              y=y, qt=qtype, rb=blocks.stride(0), ldx=x.ld, ldy=n, N=n, K=k)
+            return Val(y, n, n)
         w = m.weight
         if w.dtype != self.dtype or not w.is_contiguous() or w.device.type != "cpu" or tuple(w.shape) != (n, k):
             raise Unsupported(f"{tag}: weight {w.dtype} {tuple(w.shape)}")
         if m.bias is not None and (m.bias.dtype != w.dtype or not m.bias.is_contiguous()):
             raise Unsupported(f"{tag}: bias form")
         y = self._buf(n, tag)
-        self.prog.add("gemv_f", f"{_label(tag)} {n}x{k} {w.dtype}", x=xp, w=w, bias=m.bias, y=y, ldx=x.ld, N=n, K=k, t=_GEMV_T[w.dtype])
-        return _Val(y, n, n)
+        self.prog.add("gemv_f", f"{label(tag)} {n}x{k} {w.dtype}", x=xp, w=w, bias=m.bias, y=y, ldx=x.ld, N=n, K=k,
+                      t=GEMV_T[w.dtype])
+        return Val(y, n, n)
 
     def _q8x_scratch(self, k: int) -> torch.Tensor:
         need = MAX_ROWS * (k + 8 * (k // 32))
@@ -229,7 +203,7 @@ class NativeDecoder:
             self._keep.append(self._scratch)
         return self._scratch
 
-    def _mlp(self, m: Any, x: _Val, tag: str) -> _Val:
+    def _mlp(self, m: Any, x: Val, tag: str) -> Val:
         if m.act is not F.silu:
             raise Unsupported(f"{tag}: activation {m.act}")
         inter = m.inter
@@ -241,68 +215,10 @@ class NativeDecoder:
         else:
             gate, up = self._linear(m.gate_proj, x, tag + ".gate"), self._linear(m.up_proj, x, tag + ".up")
             g, u, sg, su = gate.t.data_ptr(), up.t.data_ptr(), gate.ld, up.ld
-        self.prog.add("silu_mul", _label(tag), g=g, u=u, out=out, sg=sg, su=su, I=inter, dt=self.dt)
-        return self._linear(m.down_proj, _Val(out, inter, inter), tag + ".down")
-
-    def _attention(self, m: Any, x: _Val, tag: str) -> _Val:
-        if m.cross or not m.causal or m.softcap is not None or m.clip_qkv is not None:
-            raise Unsupported(f"{tag}: attention features")
-        if m.q_norm is not None and not (m.qk_norm_per_head and all(
-                _name(n) == "rmsnorm" and "fused_pending" not in n.__dict__ and n.weight.dtype in _DT
-                and tuple(n.weight.shape) == (m.d,) for n in (m.q_norm, m.k_norm))):
-            raise Unsupported(f"{tag}: q/k norms other than per-head RMSNorm")
-        st = self.cache._dev.get(m.cache_key)
-        if st is None or st.k.device.type != "cpu" or not (
-                st.k.dtype == self.dtype or (st.k.dtype == torch.bfloat16 and self.dt == 0)):
-            raise Unsupported(f"{tag}: no plain CPU K/V layer (the model's dtype, or bfloat16 under float32)")
-        h, hkv, d = m.h, m.hkv, m.d
-        qd, kvd = m.qd, m.kvd
-        rope = self.stack.position if m.use_position else None
-        if rope is None or not (_name(rope) == "rope" and rope.style == "half" and rope.dim == d
-                                and rope.kind != "dynamic"):
-            raise Unsupported(f"{tag}: position encoding other than rotate-half RoPE over whole heads")
-        if not m.fused:
-            raise Unsupported(f"{tag}: separate q/k/v projections (the engine fuses them: fuse_projections)")
-        qkv = self._linear(m.qkv_proj, x, tag + ".qkv")
-        heads = self._buf((h + hkv) * d, tag + ".heads")  # rotated q | k heads [M, H + Hkv, D]
-        src, sxn = qkv.t.data_ptr(), qkv.ld
-        if m.q_norm is not None:  # per-head RMSNorms into the heads buffer, rotated there in place
-            for norm, first, count in ((m.q_norm, 0, h), (m.k_norm, h, hkv)):
-                self.prog.add("head_rmsnorm", _label(tag) + ".qk_norm", x=qkv.at(first * d), w=norm.weight,
-                              y=heads.data_ptr() + first * d * heads.element_size(), sx=qkv.ld, sy=(h + hkv) * d,
-                              per=count, D=d, dt=self.dt, wdt=_DT[norm.weight.dtype],
-                              wif=int(norm.weight_in_float or self.dt == 0), lanes=8, eps=norm.eps,
-                              offset=norm.offset)
-            src, sxn = heads.data_ptr(), (h + hkv) * d
-        self._ropes.append(self.prog.add("rope", _label(tag), x=src, out=heads, sxn=sxn, sxh=d, H=h + hkv, D=d,
-                                         dt=self.dt))
-        out = self._buf(qd, tag + ".attn")
-        es = heads.element_size()
-        part = torch.empty(MAX_ROWS * ATT_CHUNKS * h * (d + 2))  # each (row, key chunk, head)'s softmax partials
-        self._keep.append(part)
-        args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,
-                    part=part, sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d, bs=self.cache.block_size,
-                    dt=self.dt, cdt=_DT[st.k.dtype], win=m.window or 0, scale=m.scale)
-        self.prog.add("kv_write", _label(tag), **args)
-        self.prog.add("attention", _label(tag), **args)
-        self.prog.add("attn_merge", _label(tag), **args)
-        return self._linear(m.o_proj, _Val(out, qd, qd), tag + ".o")
+        self.prog.add("silu_mul", label(tag), g=g, u=u, out=out, sg=sg, su=su, I=inter, dt=self.dt)
+        return self._linear(m.down_proj, Val(out, inter, inter), tag + ".down")
 
     # ---- running ---------------------------------------------------------------------------------
-    def _rope_tables(self, need: int) -> None:
-        """Point the rope ops at RoPE's cos/sin table, grown to cover position ``need - 1``."""
-        rope = self.stack.position
-        tab = getattr(rope, "_tab", None)
-        if tab is None or tab[0] < need or tab[1] != self.dtype:
-            ctx = ForwardContext(positions=torch.tensor([need - 1]), q_lens=[1], k_lens=[need],
-                                 backend=AttentionBackend())
-            rope._table(ctx, self.dtype)
-            tab = rope._tab
-        if tab is not self._rope_tab:
-            for a in self._ropes:
-                a.cos, a.sin = tab[2].data_ptr(), tab[3].data_ptr()
-            self._rope_tab = tab
-
     def decode(self, ids: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]]) -> torch.Tensor:
         """float32 logits [M, vocab] of one decode step: row i is token ``ids[i]`` at ``positions[i]`` of the
         sequence whose block table is ``tables[i]`` (its K/V is stored at that position's slot)."""
@@ -353,5 +269,5 @@ _LOWER = {
     "add": NativeDecoder._add,
     "linear": NativeDecoder._linear,
     "gated_mlp": NativeDecoder._mlp,
-    "attention": NativeDecoder._attention,
+    "attention": AttentionLowering._attention,
 }

@@ -1,0 +1,139 @@
+"""CPU weights and K/V stores in huge pages (inferflow/model/hugepages.py): same values, same sharing, same
+results; the memory asks the kernel for huge pages where it offers them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import inferflow
+from inferflow.engine import Engine, EngineConfig, SamplingParams
+from inferflow.model import hugepages
+
+import engine_models
+
+HUGE = 2 << 20
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "never"
+    return text[text.index("[") + 1:text.index("]")]
+
+
+def _thp_eligible(ptr: int) -> bool | None:
+    """Whether the mapping holding address ``ptr`` may get huge pages (None: the kernel does not say)."""
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside and head == "THPeligible:":
+            return line.split()[1] == "1"
+    return None
+
+
+def _check_huge(t: torch.Tensor) -> None:
+    assert t.data_ptr() % HUGE == 0
+    if sys.platform.startswith("linux") and _thp_mode() in ("madvise", "always"):
+        assert _thp_eligible(t.data_ptr()) in (True, None)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        fused = torch.randn(3072, 512)  # 6 MiB: parts are views of it, as model/fuse.py makes them
+        self.q = nn.Parameter(fused[:1024])
+        self.kv = nn.Parameter(fused[1024:])
+        self.emb = nn.Embedding(2048, 512)
+        self.head = nn.Linear(512, 2048, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.norm = nn.Parameter(torch.randn(512))  # small: stays where it is
+        self.register_buffer("table", torch.randn(1024, 1024))
+
+
+def test_move_module_keeps_values_identity_and_sharing(monkeypatch):
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
+    net = Net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    params = dict(net.named_parameters())
+    small = net.norm.data_ptr()
+    moved = hugepages.move_module(net)
+    assert moved == 3072 * 512 * 4 + 2048 * 512 * 4 + 1024 * 1024 * 4
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert all(p is params[n] for n, p in net.named_parameters())
+    assert net.q.untyped_storage().data_ptr() == net.kv.untyped_storage().data_ptr()
+    assert net.kv.data_ptr() == net.q.data_ptr() + 1024 * 512 * 4
+    assert net.head.weight is net.emb.weight
+    assert net.norm.data_ptr() == small
+    for t in (net.q, net.emb.weight, net.table):
+        _check_huge(t)
+    with torch.no_grad():
+        net.q.add_(1.0)  # still ordinary, writable tensors
+    assert torch.equal(net.q, before["q"] + 1.0)
+
+
+def test_switched_off_moves_nothing(monkeypatch):
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "0")
+    net = Net()
+    ptr = net.q.data_ptr()
+    assert hugepages.move_module(net) == 0 and net.q.data_ptr() == ptr
+    assert hugepages.Arena([((1024, 1024), torch.float32)]).zeros((1024, 1024), torch.float32).sum() == 0
+
+
+def test_arena_carves_zeroed_aligned_tensors(monkeypatch):
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
+    shapes = [((64, 16, 3, 64), torch.bfloat16), ((7, 5), torch.float32), ((512, 1024), torch.float32)]
+    arena = hugepages.Arena(shapes)
+    made = [arena.zeros(s, d) for s, d in shapes]
+    assert [(t.shape, t.dtype) for t in made] == [(torch.Size(s), d) for s, d in shapes]
+    assert all(t.data_ptr() % 64 == 0 and not t.any() for t in made)
+    _check_huge(made[0])
+    ends = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in made)
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no overlap
+    extra = arena.zeros((4, 4), torch.float32)  # past what it was sized for: an ordinary tensor
+    assert extra.shape == (4, 4) and not extra.any()
+
+
+def _model(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    engine_models._perturb(transformers.LlamaForCausalLM(cfg).eval()).save_pretrained(tmp_path / "hf")
+    return inferflow.load(str(tmp_path / "hf"), dtype="float32")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_engine_gives_the_same_tokens_with_and_without(tmp_path, monkeypatch, native):
+    runs = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("INFERFLOW_HUGEPAGES", on)
+        model = _model(tmp_path)
+        eng = Engine(model, EngineConfig(block_size=16, num_blocks=1100, max_num_seqs=4, max_model_len=256,
+                                         native_decode=native))
+        big = [p for p in model.net.parameters() if p.numel() * p.element_size() >= HUGE]
+        assert big, "the test model must have a weight of at least one huge page"
+        if on == "1":
+            for p in big:
+                _check_huge(p)
+            store = eng.runner.cache._dev[eng.runner.cache.layers[0].key].k
+            _check_huge(store)  # the first store of the arena starts it
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        hs = [eng.add_request(list(range(3 + i, 20 + 3 * i)), params) for i in range(3)]
+        while eng.has_unfinished():
+            eng.step()
+        runs.append([h.result().outputs[0].token_ids for h in hs])
+    assert runs[0] == runs[1]

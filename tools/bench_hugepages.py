@@ -1,0 +1,59 @@
+"""Decode steps with the weights and K/V in huge pages vs ordinary pages (inferflow/model/hugepages.py).
+
+    PYTHONPATH=. python tools/bench_hugepages.py [MODEL] [--dtype float32] [--batch 8] [--steps 10] [--rounds 15]
+
+Two engines on the same model file in one process, one built with ``INFERFLOW_HUGEPAGES=0``, decode ``--batch``
+greedy requests; they take turns of ``--steps`` steps (the order alternating each round, as this VM's speed drifts
+by tens of percent within seconds). Prints each one's median and best ms per step, and the ratio of the medians.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import inferflow  # noqa: E402
+from inferflow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+import model_args  # noqa: E402
+
+
+def main() -> None:
+    def options(ap):
+        ap.add_argument("--dtype", default="float32")
+        ap.add_argument("--batch", type=int, default=8)
+        ap.add_argument("--steps", type=int, default=10)
+        ap.add_argument("--rounds", type=int, default=15)
+
+    a = model_args.parse(__doc__, options)
+    engines = {}
+    for on in ("0", "1"):
+        os.environ["INFERFLOW_HUGEPAGES"] = on
+        eng = Engine(inferflow.load(a.model, dtype=a.dtype), EngineConfig(max_num_seqs=max(8, a.batch),
+                                                                          max_model_len=1024))
+        for i in range(a.batch):
+            eng.add_request(list(range(10 + i, 138 + i)),
+                            SamplingParams(temperature=0.0, max_tokens=a.steps * a.rounds + 16, ignore_eos=True))
+        for _ in range(3):  # prefill, first decode steps
+            eng.step()
+        engines["huge pages" if on == "1" else "4 KiB pages"] = eng
+    ms: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(a.rounds):
+        order = list(engines.items())
+        for name, eng in order if r % 2 else order[::-1]:
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                eng.step()
+            ms[name].append((time.perf_counter() - t0) / a.steps * 1e3)
+    print(f"{Path(a.model).name}, {a.dtype}, batch {a.batch}, {a.threads} threads, {a.rounds} rounds of {a.steps} steps")
+    for name, v in ms.items():
+        print(f"  {name:12}: {statistics.median(v):7.2f} ms/step median, {min(v):7.2f} best")
+    print(f"  4 KiB / huge (medians): {statistics.median(ms['4 KiB pages']) / statistics.median(ms['huge pages']):.3f}")
+
+
+if __name__ == "__main__":
+    main()
