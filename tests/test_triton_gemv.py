@@ -15,12 +15,6 @@ pytest.importorskip("triton")
 from inferflow.quant import formats, triton_kernels, triton_soa  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread", "triton_interpreter")
-
-
-@pytest.fixture(autouse=True)
-def float_gemv(monkeypatch):
-    """The exact float32 4-bit GEMV for 1-2 rows (tests/test_triton_q4x.py covers the int8-activation one)."""
-    monkeypatch.setenv("INFERFLOW_TRITON_Q8X", "0")
 NAMES = ("q4", "q4_0", "q8_0")
 N, K = 45, 96  # odd N; K = 1.5 interpreter tiles (64)
 

@@ -15,12 +15,6 @@ from inferflow.quant import cpu_kernels, formats, triton_kernels  # noqa: E402
 from inferflow.registry import create  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread", "triton_interpreter")
-
-
-@pytest.fixture(autouse=True)
-def float_gemv(monkeypatch):
-    """The exact float32 4-bit GEMV for 1-2 rows (tests/test_triton_q4x.py covers the int8-activation one)."""
-    monkeypatch.setenv("INFERFLOW_TRITON_Q8X", "0")
 NAMES = ("q4", "q8", "q8_0", "q4_0")
 
 

@@ -126,10 +126,6 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
 
     n, k = shape
     m = x2.shape[0]
-    if kind != "q8_0" and 1 <= m <= FMA_MAX_ROWS:
-        y = _matmul4x(x2, blocks, tab, kind, shape, bias, interpreted)
-        if y is not None:
-            return y
     codes, scales = soa(blocks, kind, shape)
     if kind != "q8_0" and m <= GEMM_MAX_ROWS:
         return _matmul4(x2, codes, scales, tab, kind, shape, bias, interpreted)
@@ -179,31 +175,6 @@ def _matmul4(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: t
     t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](
         x2, codes, scales, tab, b, y, m, n, k, kw, x2.stride(0), y.stride(0), mb, HAS_BIAS=bias is not None,
         KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
-    return y
-
-
-def _matmul4x(x2: torch.Tensor, blocks: torch.Tensor, tab: torch.Tensor, kind: str, shape: tuple[int, int],
-              bias: torch.Tensor | None, interpreted: bool) -> torch.Tensor | None:
-    """4-bit weights, 1-2 rows, on int8 activations straight from the blocks (triton_q4x.py); None where it is
-    switched off or the blocks are not 2-byte aligned rows."""
-    from . import triton_q4x as t4x
-
-    n, k = shape
-    w = blocks.reshape(n, -1)
-    if not t4x.enabled() or w.stride(1) != 1 or w.stride(0) % 2 or w.data_ptr() % 2:
-        return None
-    w16 = w.view(torch.int16)
-    m = x2.shape[0]
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    b = bias if bias is not None else y  # any pointer: unused without HAS_BIAS
-    ws, cnt = _split_buffers(x2.device)
-    xq = torch.empty(m, k // 4, dtype=torch.int32, device=x2.device)
-    xs = torch.empty(m, 2, k // 32, dtype=torch.float32, device=x2.device)
-    bb = 2 if interpreted else 32
-    t4x.quant_x8[(triton_cdiv(k // 32, bb), m)](x2, xq, xs, k, x2.stride(0), BB=bb)
-    t4x.gemv4x[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT"])](
-        xq, xs, w16, w16, tab, b, y, ws, cnt, n, k, w16.stride(0), y.stride(0), HAS_BIAS=bias is not None,
-        KIND=_CODE[kind], MP=m, INTERP=interpreted, SOA=False)
     return y
 
 
