@@ -73,7 +73,7 @@ AI __m512 wload(const void *w, int64_t k, int t, __mmask16 mk, int masked) {
 
 /* One tile: MR x rows (float32, row stride ldx) times NR W rows (type t, stride K); 16 lanes per step. */
 AI void tile16(const float *x, int64_t ldx, const void *w, int64_t K, int MR, int NR, int t, float *sums,
-               const char *pf, int64_t pfstride) {
+               const char *pf, int64_t pfstride, int pfn) {
     __m512 acc[4][8];
     const int es = t == T_F32 ? 4 : 2;
     for (int i = 0; i < MR; i++)
@@ -82,8 +82,12 @@ AI void tile16(const float *x, int64_t ldx, const void *w, int64_t K, int MR, in
     for (; k + 16 <= K; k += 16) {
         __m512 wv[8];
         for (int j = 0; j < NR; j++) wv[j] = wload((const char *)w + j * K * es, k, t, 0, 0);
-        if (pf)
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * pfstride + k * es, _MM_HINT_T1);
+        if (pf) {
+            if (pfn == NR) /* one row block: all NR rows (the loop unrolled) */
+                for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * pfstride + k * es, _MM_HINT_T1);
+            else
+                for (int j = 0; j < pfn; j++) _mm_prefetch(pf + j * pfstride + k * es, _MM_HINT_T1);
+        }
         for (int i = 0; i < MR; i++) {
             __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -155,7 +159,7 @@ static void tile_c(const float *x, int64_t ldx, const void *w, int64_t K, int MR
 #define TILE(MR_, NR_)                                                                                            \
     do {                                                                                                          \
         if (dp) TILE_DP(MR_, NR_);                                                                                \
-        else tile16(xf + m0 * ldxf, ldxf, wt, K, MR_, NR_, t, sums, pf, K * es);                                  \
+        else tile16(xf + m0 * ldxf, ldxf, wt, K, MR_, NR_, t, sums, pf, K * es, pfn);                             \
     } while (0)
 #ifdef __AVX512BF16__
 #define TILE_DP(MR_, NR_) \
@@ -173,9 +177,12 @@ static void run_tile(const float *xf, int64_t ldxf, const void *xraw, int64_t ld
     const int MB = NR == 8 ? 2 : 4;
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
         int MR = (int)(M - m0 < MB ? M - m0 : MB);
-        /* the first row block streams W from memory: the next tile's rows are prefetched meanwhile, into L2
+        /* the first row block streams W from memory, the others read it from L1: the next tile's rows are
+           prefetched into L2 meanwhile, shared out between the row blocks so that memory stays busy throughout
            (the x rows fill L1) */
-        const char *pf = (m0 == 0 && n0 + 2 * NR <= N) ? (const char *)wt + NR * K * es : NULL;
+        const int64_t passes = (M + MB - 1) / MB, p = m0 / MB;
+        const int j0 = (int)(p * NR / passes), pfn = (int)((p + 1) * NR / passes) - j0;
+        const char *pf = (n0 + 2 * NR <= N && pfn > 0) ? (const char *)wt + (NR + j0) * K * es : NULL;
         if (NR == 8) {
             if (MR == 1) TILE(1, 8); else TILE(2, 8);
         } else if (NR == 4) {
