@@ -38,20 +38,29 @@ static inline __attribute__((always_inline)) void prefetch_row(const void *c, co
     const char *r = (const char *)c + at[k] * (dt ? 2 : 4);
     for (int o = 0; o < (dt ? 32 : 64) * DC; o += 64) _mm_prefetch(r + o, _MM_HINT_T0);
 }
+/* the same into L2: a V row while its K row is read (the V pass after the softmax then finds the chunk in L2, and
+   memory stays busy during the K pass's arithmetic) */
+static inline __attribute__((always_inline)) void prefetch_row_l2(const void *c, const int64_t *at, int64_t L,
+                                                                 const int DC, const int dt, int64_t k) {
+    if (k >= L) return;
+    const char *r = (const char *)c + at[k] * (dt ? 2 : 4);
+    for (int o = 0; o < (dt ? 32 : 64) * DC; o += 64) _mm_prefetch(r + o, _MM_HINT_T1);
+}
 
 /* s[g * ss + t] = scale * (q_g . K[t]) for keys t < L and the R query heads g of one kv head (q_g at q + g * 16 DC),
    float32 or bfloat16 K (dt), D = 16 DC, key t's row at element at[t]: each key's row loaded (and converted) once for
    all R heads, its products in DC fused multiply-adds per head, 16 keys' lanes summed at once (hsum16), the last
    L % 16 keys one by one. A head's chain does not depend on R. */
 static inline __attribute__((always_inline)) void qk_group(const int DC, const int dt, const int R, const void *kc,
-                                                          const int64_t *at, int64_t L, const float *q, float scale,
-                                                          float *s, int64_t ss) {
+                                                          const void *vpf, const int64_t *at, int64_t L,
+                                                          const float *q, float scale, float *s, int64_t ss) {
     __m512 v[4][16];  /* R x 16 keys' lane sums: mostly on the stack, read back by hsum16 */
     for (int64_t t = 0; t < L; t += 16) {
         const int n = L - t < 16 ? (int)(L - t) : 16;
         for (int j = 0; j < n; j++) {
             const int64_t kr = at[t + j];
             prefetch_row(kc, at, L, DC, dt, t + j + PF_KEYS);
+            if (vpf) prefetch_row_l2(vpf, at, L, DC, dt, t + j + PF_KEYS);
             __m512 k[8];
             for (int c = 0; c < DC; c++) k[c] = load16(kc, kr + 16 * c, dt);
             for (int g = 0; g < R; g++) {
@@ -177,7 +186,7 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
     if (fast) {
         for (int64_t g = 0; g < rep; g += 4) {
             const int r = rep - g < 4 ? (int)(rep - g) : 4;
-            ATT_CALL(qk_group, D, cdt, r, kc, at, nk, qf + g * D, scale, sc + g * nk, nk);
+            ATT_CALL(qk_group, D, cdt, r, kc, g ? NULL : vc, at, nk, qf + g * D, scale, sc + g * nk, nk);
         }
     } else
 #endif
