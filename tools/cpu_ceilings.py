@@ -50,32 +50,26 @@ static double stream(char *p, size_t n, int pf, int nt) {
     }
     return n / best / 1e9;
 }
-__attribute__((noinline)) static double fma512(long n) {
-    __m512 a[16]; for (int i = 0; i < 16; i++) a[i] = _mm512_set1_ps(i * 1e-3f);
-    __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
-    double t0 = now();
-    for (long i = 0; i < n; i++) {
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) a[j] = _mm512_fmadd_ps(a[j], b, c);
-        __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]), "+v"(a[6]), "+v"(a[7]));
+/* 16 independent multiply-add chains of vector type V (LANES floats) for n rounds: multiply-adds per second */
+#define FMA_RATE(NAME, V, LANES, SET1, FMA, FIRST)                                                          \
+    __attribute__((noinline)) static double NAME(long n) {                                                  \
+        V a[16];                                                                                            \
+        for (int i = 0; i < 16; i++) a[i] = SET1(i * 1e-3f);                                                \
+        V b = SET1(0.999f), c = SET1(1e-4f);                                                                \
+        double t0 = now();                                                                                  \
+        for (long i = 0; i < n; i++) {                                                                      \
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) a[j] = FMA(a[j], b, c);                  \
+            __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]),   \
+                             "+v"(a[6]), "+v"(a[7]));                                                       \
+        }                                                                                                   \
+        double t = now() - t0;                                                                              \
+        float s = 0;                                                                                        \
+        for (int i = 0; i < 16; i++) s += FIRST(a[i]);                                                      \
+        sink = s;                                                                                           \
+        return n * 16.0 * LANES / t / 1e9;                                                                  \
     }
-    double t = now() - t0; float s = 0; for (int i = 0; i < 16; i++) s += _mm512_reduce_add_ps(a[i]);
-    sink = s;
-    return n * 16.0 * 16 / t / 1e9;
-}
-__attribute__((noinline)) static double fma256(long n) {
-    __m256 a[16]; for (int i = 0; i < 16; i++) a[i] = _mm256_set1_ps(i * 1e-3f);
-    __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
-    double t0 = now();
-    for (long i = 0; i < n; i++) {
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) a[j] = _mm256_fmadd_ps(a[j], b, c);
-        __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]), "+v"(a[6]), "+v"(a[7]));
-    }
-    double t = now() - t0; float s = 0; for (int i = 0; i < 16; i++) { float q[8]; _mm256_storeu_ps(q, a[i]); s += q[0]; }
-    sink = s;
-    return n * 16.0 * 8 / t / 1e9;
-}
+FMA_RATE(fma512, __m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_cvtss_f32)
+FMA_RATE(fma256, __m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_cvtss_f32)
 int main(int argc, char **argv) {
     int nt = atoi(argv[1]), rounds = atoi(argv[3]);
     size_t n = (size_t)atol(argv[2]) << 20, huge = 2 << 20;
