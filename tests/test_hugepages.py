@@ -44,10 +44,13 @@ def _thp_eligible(ptr: int) -> bool | None:
     return None
 
 
-def _check_huge(t: torch.Tensor) -> None:
-    assert t.data_ptr() % HUGE == 0
+def _check_huge(t: torch.Tensor, first: bool = False) -> None:
+    """t lies in memory that asks for huge pages (where the kernel offers them and says); ``first``: it starts an
+    arena, on a huge-page boundary."""
+    assert t.data_ptr() % (HUGE if first else 64) == 0
     if sys.platform.startswith("linux") and _thp_mode() in ("madvise", "always"):
         assert _thp_eligible(t.data_ptr()) in (True, None)
+        assert _thp_eligible(t.data_ptr() + t.numel() * t.element_size() - 1) in (True, None)
 
 
 class Net(nn.Module):
@@ -69,20 +72,29 @@ def test_move_module_keeps_values_identity_and_sharing(monkeypatch):
     net = Net()
     before = {k: v.clone() for k, v in net.state_dict().items()}
     params = dict(net.named_parameters())
-    small = net.norm.data_ptr()
     moved = hugepages.move_module(net)
-    assert moved == 3072 * 512 * 4 + 2048 * 512 * 4 + 1024 * 1024 * 4
+    assert moved == (3072 * 512 + 2048 * 512 + 512 + 1024 * 1024) * 4  # every storage, the small one too
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert all(p is params[n] for n, p in net.named_parameters())
-    assert net.q.untyped_storage().data_ptr() == net.kv.untyped_storage().data_ptr()
+    assert net.q.untyped_storage().data_ptr() == net.kv.untyped_storage().data_ptr()  # fused parts still share
     assert net.kv.data_ptr() == net.q.data_ptr() + 1024 * 512 * 4
     assert net.head.weight is net.emb.weight
-    assert net.norm.data_ptr() == small
-    for t in (net.q, net.emb.weight, net.table):
+    starts = {t.untyped_storage().data_ptr() for t in (net.q, net.emb.weight, net.norm, net.table)}
+    assert len(starts) == 4  # the others keep storages of their own
+    assert net.q.untyped_storage().nbytes() == 3072 * 512 * 4
+    _check_huge(net.q, first=True)  # the arena's first storage starts on a huge page
+    for t in (net.emb.weight, net.norm, net.table):
         _check_huge(t)
     with torch.no_grad():
         net.q.add_(1.0)  # still ordinary, writable tensors
     assert torch.equal(net.q, before["q"] + 1.0)
+
+
+def test_a_small_module_stays(monkeypatch):
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
+    lin = nn.Linear(64, 64)
+    ptr = lin.weight.data_ptr()
+    assert hugepages.move_module(lin) == 0 and lin.weight.data_ptr() == ptr
 
 
 def test_switched_off_moves_nothing(monkeypatch):
@@ -90,17 +102,19 @@ def test_switched_off_moves_nothing(monkeypatch):
     net = Net()
     ptr = net.q.data_ptr()
     assert hugepages.move_module(net) == 0 and net.q.data_ptr() == ptr
-    assert hugepages.Arena([((1024, 1024), torch.float32)]).zeros((1024, 1024), torch.float32).sum() == 0
+    assert hugepages.Arena.for_shapes([((1024, 1024), torch.float32)]).zeros((1024, 1024), torch.float32).sum() == 0
 
 
 def test_arena_carves_zeroed_aligned_tensors(monkeypatch):
     monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
     shapes = [((64, 16, 3, 64), torch.bfloat16), ((7, 5), torch.float32), ((512, 1024), torch.float32)]
-    arena = hugepages.Arena(shapes)
+    arena = hugepages.Arena.for_shapes(shapes)
     made = [arena.zeros(s, d) for s, d in shapes]
     assert [(t.shape, t.dtype) for t in made] == [(torch.Size(s), d) for s, d in shapes]
     assert all(t.data_ptr() % 64 == 0 and not t.any() for t in made)
-    _check_huge(made[0])
+    assert len({t.untyped_storage().data_ptr() for t in made}) == 3  # a storage each
+    _check_huge(made[0], first=True)
+    _check_huge(made[2])
     ends = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in made)
     assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no overlap
     extra = arena.zeros((4, 4), torch.float32)  # past what it was sized for: an ordinary tensor
@@ -130,10 +144,25 @@ def test_engine_gives_the_same_tokens_with_and_without(tmp_path, monkeypatch, na
             for p in big:
                 _check_huge(p)
             store = eng.runner.cache._dev[eng.runner.cache.layers[0].key].k
-            _check_huge(store)  # the first store of the arena starts it
+            _check_huge(store, first=True)  # the first store of the arena starts it
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
         hs = [eng.add_request(list(range(3 + i, 20 + 3 * i)), params) for i in range(3)]
         while eng.has_unfinished():
             eng.step()
         runs.append([h.result().outputs[0].token_ids for h in hs])
     assert runs[0] == runs[1]
+
+
+def test_file_pages_dropped_after_the_move_stay_readable(tmp_path, monkeypatch):
+    """The engine drops the model file's pages once the weights are copied (they would count twice): the source
+    still reads the same bytes afterwards (a private mapping faults the file back in)."""
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
+    model = _model(tmp_path)
+    maps = model.source.mapped()
+    assert maps, "a safetensors folder is read through a file mapping"
+    name = next(n for n in model.source.names() if n.endswith("embed_tokens.weight"))
+    before = model.source.get(name).clone()
+    Engine(model, EngineConfig(block_size=16, num_blocks=64, max_num_seqs=2, max_model_len=128))
+    assert torch.equal(model.source.get(name), before)
+    emb = [p for p in model.net.parameters() if p.shape == before.shape]
+    assert emb and torch.equal(emb[0].float(), before.float())

@@ -1,15 +1,20 @@
 """Decode steps with the weights and K/V in huge pages vs ordinary pages (inferflow/model/hugepages.py).
 
     PYTHONPATH=. python tools/bench_hugepages.py [MODEL] [--dtype float32] [--batch 8] [--steps 10] [--rounds 15]
+    PYTHONPATH=. python tools/bench_hugepages.py [MODEL] --memory
 
 Two engines on the same model file in one process, one built with ``INFERFLOW_HUGEPAGES=0``, decode ``--batch``
 greedy requests; they take turns of ``--steps`` steps (the order alternating each round, as this VM's speed drifts
 by tens of percent within seconds). Prints each one's median and best ms per step, and the ratio of the medians.
+
+``--memory``: for each setting, a fresh process loads the model and builds the engine, then prints its resident
+memory (/proc/self/smaps_rollup: Rss, file-backed, anonymous, of it in huge pages).
 """
 from __future__ import annotations
 
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,8 +33,21 @@ def main() -> None:
         ap.add_argument("--batch", type=int, default=8)
         ap.add_argument("--steps", type=int, default=10)
         ap.add_argument("--rounds", type=int, default=15)
+        ap.add_argument("--memory", action="store_true", help="resident memory after the engine is built, no timing")
 
     a = model_args.parse(__doc__, options)
+    if a.memory:
+        for on in ("0", "1"):
+            code = ("import sys, inferflow; from inferflow.engine import Engine, EngineConfig; "
+                    f"m = inferflow.load({a.model!r}, dtype={a.dtype!r}); "
+                    "e = Engine(m, EngineConfig(max_num_seqs=8, max_model_len=1024)); "
+                    "r = dict(l.split(':') for l in open('/proc/self/smaps_rollup') if ':' in l and l[0].isupper()); "
+                    "print(', '.join(f'{k} {int(r[k].split()[0]) >> 10} MiB' for k in "
+                    "('Rss', 'Pss_File', 'Anonymous', 'AnonHugePages')))")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 env={**os.environ, "INFERFLOW_HUGEPAGES": on}).stdout.strip()
+            print(f"INFERFLOW_HUGEPAGES={on}: {out}")
+        return
     engines = {}
     for on in ("0", "1"):
         os.environ["INFERFLOW_HUGEPAGES"] = on

@@ -70,8 +70,8 @@ class PagedKVCache(SlotIndexing, BlockCopies):
         cpu = [layer for layer in self.layers if (self.device.type == "cpu" or layer.key in self.host_layers)
                and not (pin and layer.key in self.host_layers)]
         cpu_keys = {layer.key for layer in cpu}
-        arena = Arena([sh for layer in cpu for sh in LayerStore.shapes(layer, num_blocks, block_size, sd)]) \
-            if cpu else None
+        shapes = [sh for layer in cpu for sh in LayerStore.shapes(layer, num_blocks, block_size, sd)]
+        arena = Arena.for_shapes(shapes) if cpu else None
         for layer in self.layers:
             on_host = layer.key in self.host_layers
             self._dev[layer.key] = LayerStore.new(layer, num_blocks, block_size, self.store_dtype,

@@ -36,9 +36,10 @@ class ModelRunner:
             fuse_projections(model.net)
         if config is not None and self.device.type == "cpu":
             from ..model.cpu_prepack import prepack_linears
-            from ..model.hugepages import move_module
+            from ..model.hugepages import drop_file_pages, move_module
 
-            move_module(model.net)  # weights in huge pages, before anything records their addresses
+            if move_module(model.net):  # weights in huge pages, before anything records their addresses
+                drop_file_pages(getattr(model.source, "mapped", list)())
             prepack_linears(model.net)  # bf16 linears: oneDNN-packed weights for batches
         if config is not None and (config.fuse_add_norm if config.fuse_add_norm is not None else cuda):
             from ..model.fuse_add_norm import fuse_add_norms  # imports Triton: only when asked for

@@ -97,3 +97,9 @@ class QuantizedSource(WeightSource):
 
     def array_length(self, key: str) -> int | None:
         return self.meta.array_length(key) if self.kind == "gguf" else None
+
+    def mapped(self) -> list:
+        """The weights file's mapping, and the GGUF metadata file's."""
+        own = [self.file._mm] if getattr(self.file, "_mm", None) is not None and not self.file._mm.closed else []
+        meta = getattr(self, "meta", None)
+        return own + (meta.mapped() if meta is not None else [])

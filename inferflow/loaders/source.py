@@ -1,6 +1,7 @@
 """The interface every model-file loader implements."""
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import torch
@@ -40,3 +41,11 @@ class WeightSource:
 
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
+
+    def mapped(self) -> list[mmap.mmap]:
+        """The file mappings the tensors of ``get`` view (a loader keeps them in ``_mm``, or in the ``_mm`` of the
+        ``files`` it reads): once a model holds copies of its weights, the engine drops their pages
+        (model/hugepages.py)."""
+        found = [getattr(self, "_mm", None)]
+        found += [getattr(f, "_mm", None) for f in (getattr(self, "files", None) or {}).values()]
+        return [m for m in found if isinstance(m, mmap.mmap) and not m.closed]

@@ -1,13 +1,13 @@
 """CPU weights and K/V cache in transparent huge pages (2 MiB) where Linux offers them on request.
 
 Why: a CPU decode step streams every weight from memory once, and with 4 KiB pages each page costs a TLB miss and
-a page walk that the hardware prefetchers stop at. On this project's 2-core test VM (``tools/bench_hugepages.py``)
-the same native GEMVs read 5-10% faster from huge pages. Linux's usual setting (``transparent_hugepage=madvise``)
-gives huge pages only to memory that asks for them, and neither torch's allocator nor a memory-mapped model file
-asks: so the large CPU tensors of a model (and the K/V cache) are moved into private anonymous mappings that do.
+a page walk. Linux's usual setting (``transparent_hugepage=madvise``) gives huge pages only to memory that asks for
+them, and neither torch's allocator nor a memory-mapped model file asks. So the engine moves a CPU model's
+parameters and buffers into one private anonymous mapping that does, and carves the K/V stores from another. On
+this project's 2-core test VM a decode step ran 3.5-7% faster (``tools/bench_hugepages.py``, docs/benchmarks.md).
 
-The mapping belongs to the tensor: ``torch.frombuffer`` keeps the ``mmap`` object alive while any tensor views it,
-and the last one to go unmaps it. ``INFERFLOW_HUGEPAGES=0`` switches this off.
+Each tensor keeps a storage of its own (``torch.frombuffer`` over a piece of the mapping), and the mapping lives as
+long as any of them. ``INFERFLOW_HUGEPAGES=0`` switches this off.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 HUGE = 2 << 20
-MIN_BYTES = HUGE  # smaller storages cannot fill one huge page
+MIN_BYTES = HUGE  # a whole smaller than one huge page stays where it is
 
 
 def enabled() -> bool:
@@ -28,21 +28,25 @@ def enabled() -> bool:
             and os.environ.get("INFERFLOW_HUGEPAGES", "1") != "0")
 
 
-def empty_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 CPU tensor of ``nbytes`` whose whole 2 MiB pieces are in huge pages (zero-filled, as fresh anonymous
-    memory is)."""
-    # private (a shared anonymous mapping is shmem, which has its own huge-page setting), with one huge page of
-    # slack so the tensor can start on a 2 MiB boundary: untouched slack costs address space, not memory
+def _mapping(nbytes: int) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping of ``nbytes`` (plus one huge page of slack) that asks for huge pages from the
+    returned offset, a 2 MiB boundary, on."""
+    # private: a shared anonymous mapping is shmem, which has its own huge-page setting. The slack lets the data start
+    # on a 2 MiB boundary: untouched pages cost address space, not memory
     mm = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    t = torch.frombuffer(mm, dtype=torch.uint8)
-    head = -t.data_ptr() % HUGE
-    whole = nbytes // HUGE * HUGE
-    if whole:
-        try:
-            mm.madvise(mmap.MADV_HUGEPAGE, head, whole)
-        except OSError:
-            pass  # kernels without THP: ordinary pages
-    return t[head:head + nbytes]
+    head = -torch.frombuffer(mm, dtype=torch.uint8, count=1).data_ptr() % HUGE
+    try:  # all of it from head on: the last, partly used huge page too (one per mapping)
+        mm.madvise(mmap.MADV_HUGEPAGE, head, len(mm) - head)
+    except OSError:
+        pass  # kernels without THP: ordinary pages
+    return mm, head
+
+
+def empty_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 CPU tensor of ``nbytes`` (its own storage) whose whole 2 MiB pieces are in huge pages, zero-filled as
+    fresh anonymous memory is (pages are faulted in on first touch)."""
+    mm, head = _mapping(nbytes)
+    return torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=head)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -52,51 +56,78 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return n
 
 
+def _round(n: int) -> int:
+    return -(-n // 64) * 64
+
+
 class Arena:
-    """Zeroed CPU tensors carved from one huge-page mapping (many small tensors, such as one K/V store per layer,
-    together fill huge pages that each alone would not); plain ``torch.zeros`` where huge pages are off or the
-    whole is under one huge page. Tensors start on 64-byte boundaries."""
+    """Zeroed CPU tensors carved from one huge-page mapping, each with its own storage (many small tensors, such as
+    one K/V store per layer, together fill huge pages that each alone would not); plain ``torch.zeros`` where huge
+    pages are off or the whole is under one huge page. Tensors start on 64-byte boundaries; the mapping is freed
+    with the last of them."""
 
-    __slots__ = ("_buf", "_used")
+    __slots__ = ("_mm", "_head", "_size", "_used")
 
-    def __init__(self, shapes: list[tuple[tuple[int, ...], torch.dtype]]):
-        total = sum(-(-_nbytes(s, d) // 64) * 64 for s, d in shapes)
-        self._buf = empty_bytes(total) if enabled() and total >= MIN_BYTES else None
-        self._used = 0
+    def __init__(self, sizes: list[int]):
+        """``sizes``: the bytes of each tensor to come."""
+        total = sum(_round(n) for n in sizes)
+        self._mm, self._head = _mapping(total) if enabled() and total >= MIN_BYTES else (None, 0)
+        self._size, self._used = total, 0
+
+    @classmethod
+    def for_shapes(cls, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> "Arena":
+        return cls([_nbytes(s, d) for s, d in shapes])
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        """The next ``nbytes`` as a uint8 tensor of its own storage; None past the arena's size or when it is off."""
+        if self._mm is None or nbytes == 0 or self._used + nbytes > self._size:
+            return None
+        t = torch.frombuffer(self._mm, dtype=torch.uint8, count=nbytes, offset=self._head + self._used)
+        self._used += _round(nbytes)
+        return t
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The next tensor (each shape of the constructor's list once; others fall back to ``torch.zeros``)."""
-        n = _nbytes(shape, dtype)
-        if self._buf is None or self._used + n > self._buf.numel():
-            return torch.zeros(shape, dtype=dtype)
-        t = self._buf[self._used:self._used + n].view(dtype).view(shape)
-        self._used += -(-n // 64) * 64
-        return t
+        """A zeroed tensor (from the arena where it fits, else ``torch.zeros``)."""
+        t = self.take(_nbytes(shape, dtype))
+        return torch.zeros(shape, dtype=dtype) if t is None else t.view(dtype).view(shape)
 
 
 def move_module(net: nn.Module) -> int:
-    """Move the storage of every CPU parameter and buffer of ``net`` of at least 2 MiB into huge pages, in place
-    (tensors sharing a storage, as tied or fused weights do, keep sharing it); returns the bytes moved. Call it
-    before anything records the tensors' data pointers."""
+    """Move the storage of every CPU parameter and buffer of ``net`` into one huge-page arena, in place (tensors
+    sharing a storage, as tied or fused weights do, keep sharing it; each storage stays its own); returns the bytes
+    moved. Nothing is moved where the whole is under one huge page. Call it before anything records the tensors'
+    data pointers."""
     if not enabled():
         return 0
     tensors = [t for t in (*net.parameters(), *net.buffers()) if t.device.type == "cpu" and not t.is_meta]
-    moved: dict[int, tuple[torch.UntypedStorage, int]] = {}  # old storage -> (new storage, its first byte)
-    total = 0
+    olds: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.nbytes():
+            olds.setdefault(st.data_ptr(), st)
+    arena = Arena([st.nbytes() for st in olds.values()])
+    new: dict[int, torch.UntypedStorage] = {}
     with torch.no_grad():
+        for key, st in olds.items():
+            t = arena.take(st.nbytes())
+            if t is None:
+                return 0  # off, or too small to fill a huge page: nothing rebound yet
+            t.copy_(torch.empty(0, dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,)))
+            new[key] = t.untyped_storage()
         for t in tensors:
             st = t.untyped_storage()
-            key = st.data_ptr()
-            if key not in moved:
-                if st.nbytes() < MIN_BYTES:
-                    continue
-                new = empty_bytes(st.nbytes())
-                new.copy_(torch.empty(0, dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,)))
-                moved[key] = new.untyped_storage(), new.storage_offset()
-                total += st.nbytes()
-            # set_ rebinds this very tensor (a Parameter stays the same Parameter object); the new storage starts
-            # at a 2 MiB boundary inside its mapping, a multiple of any element size
-            storage, first = moved[key]
-            t.set_(storage, first // t.element_size() + t.storage_offset(), t.size(), t.stride())
-    return total
+            if st.nbytes():
+                # set_ rebinds this very tensor: a Parameter stays the same Parameter object
+                t.set_(new[st.data_ptr()], t.storage_offset(), t.size(), t.stride())
+    return sum(st.nbytes() for st in olds.values())
 
+
+def drop_file_pages(maps: list[mmap.mmap]) -> None:
+    """Drop the resident pages of model-file mappings whose tensors :func:`move_module` copied: the copies are the
+    ones in use, and the file's pages would otherwise count twice in the process's memory. The mappings stay valid
+    (private and never written: a later read faults the file's bytes back in)."""
+    for m in maps:
+        try:
+            m.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError, AttributeError):
+            pass
