@@ -166,3 +166,22 @@ def test_file_pages_dropped_after_the_move_stay_readable(tmp_path, monkeypatch):
     assert torch.equal(model.source.get(name), before)
     emb = [p for p in model.net.parameters() if p.shape == before.shape]
     assert emb and torch.equal(emb[0].float(), before.float())
+
+
+def test_a_second_engine_on_the_same_model_moves_nothing(tmp_path, monkeypatch):
+    """Both engines' native programs point at the same weights: the second engine must not move them."""
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
+    model = _model(tmp_path)
+    cfg = dict(block_size=16, num_blocks=64, max_num_seqs=2, max_model_len=128)
+    first = Engine(model, EngineConfig(**cfg))
+    ptrs = [p.data_ptr() for p in model.net.parameters()]
+    second = Engine(model, EngineConfig(**cfg))
+    assert [p.data_ptr() for p in model.net.parameters()] == ptrs
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = []
+    for eng in (first, second, first):
+        h = eng.add_request(list(range(5, 30)), params)
+        while eng.has_unfinished():
+            eng.step()
+        outs.append(h.result().outputs[0].token_ids)
+    assert outs[0] == outs[1] == outs[2]

@@ -95,11 +95,15 @@ class Arena:
 def move_module(net: nn.Module) -> int:
     """Move the storage of every CPU parameter and buffer of ``net`` into one huge-page arena, in place (tensors
     sharing a storage, as tied or fused weights do, keep sharing it; each storage stays its own); returns the bytes
-    moved. Nothing is moved where the whole is under one huge page. Call it before anything records the tensors'
-    data pointers."""
+    moved. Nothing is moved where the whole is under one huge page, and nothing twice (storages it moved before stay
+    where they are, so a second engine on the same model leaves the first one's pointers valid). Call it before
+    anything records the tensors' data pointers."""
     if not enabled():
         return 0
-    tensors = [t for t in (*net.parameters(), *net.buffers()) if t.device.type == "cpu" and not t.is_meta]
+    # a second engine on the same model must not move what the first one's native program points at
+    done: set[int] = net.__dict__.setdefault("_hugepage_storages", set())
+    tensors = [t for t in (*net.parameters(), *net.buffers()) if t.device.type == "cpu" and not t.is_meta
+               and t.untyped_storage().data_ptr() not in done]
     olds: dict[int, torch.UntypedStorage] = {}
     for t in tensors:
         st = t.untyped_storage()
@@ -119,6 +123,7 @@ def move_module(net: nn.Module) -> int:
             if st.nbytes():
                 # set_ rebinds this very tensor: a Parameter stays the same Parameter object
                 t.set_(new[st.data_ptr()], t.storage_offset(), t.size(), t.stride())
+    done.update(st.data_ptr() for st in new.values())
     return sum(st.nbytes() for st in olds.values())
 
 
