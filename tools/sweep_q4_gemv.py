@@ -1,12 +1,14 @@
 """Sweep launch configs of the 4-bit GPU GEMV (triton_q4.gemv4) on Qwen3-8B shapes: one row, random q4_0 blocks.
 
-    python3 tools/sweep_q4_gemv.py
+    python3 tools/sweep_q4_gemv.py [--shapes o,gate_up,head] [--split-max-n 16384]
 
 It runs every combination of rows per program (16, 32), groups per step (1, 2), warps (2, 4), the kernel's own
 prefetch on or off, split-K (1, 4, 8, where the workspace allows) and software-pipeline stages (1, 3, without the
 prefetch). Each is timed in CUDA graphs with L2 flushed between calls, cycling through copies of the weight
-(>= 256 MB). Prints the five fastest per shape, and the autotuner's first config.
+(>= 256 MB). Prints the five fastest per shape, and the autotuner's first config. ``--shapes`` picks from qkv, o,
+gate_up, down, head; ``--split-max-n`` widens the outputs split-K may take (its workspace is sized by it).
 """
+import argparse
 import itertools
 import statistics
 import sys
@@ -17,9 +19,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferflow.quant import triton_kernels, triton_q4, triton_soa  # noqa: E402
 
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--shapes", default="o,gate_up,head")
+ap.add_argument("--split-max-n", type=int, default=triton_q4.SPLIT_MAX_N)
+a = ap.parse_args()
+triton_q4.SPLIT_MAX_N = a.split_max_n  # before the workspace is made
 dev = "cuda"
-SH = {"o": (4096, 4096), "gate_up": (24576, 4096), "head": (151936, 4096)}
-for name, (n, k) in SH.items():
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+          "head": (151936, 4096)}
+for name, (n, k) in ((s, SHAPES[s]) for s in a.shapes.split(",")):
     nb = k // 32
     blocks = torch.randint(0, 256, (n, nb, 18), dtype=torch.uint8, device=dev)
     blocks[:, :, :2] = (torch.rand(n, nb, device=dev) * 0.004 + 0.001).half().view(torch.uint8).reshape(n, nb, 2)
@@ -36,8 +44,6 @@ for name, (n, k) in SH.items():
         if pf and st > 1:
             continue
         if sk > 1 and (n > triton_q4.SPLIT_MAX_N or kw // 32 < 2 * sk * bg):
-            continue
-        if sk > 1 and n > 16384:
             continue
         i = [0]
 
