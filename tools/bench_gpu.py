@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q4", action="store_true")
     ap.add_argument("--q4-format", default="q4_0", help="load-time format of --q4: q4_0 (llama.cpp Q4_0 blocks, "
                     "quick to make) or q4 (inferflow's searched q4: minutes for an 8B model)")
+    ap.add_argument("--q4-ab", action="store_true", help="with --q4: also a q4 engine on the Triton GEMV only "
+                    "(INFERFLOW_CUDA_KERNELS=0 while it captures its graphs), interleaved")
     ap.add_argument("--serving", type=int, default=256, help="requests of the engine serving load (0: skip)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--tiny", action="store_true")
@@ -176,13 +178,22 @@ def main(argv: list[str] | None = None) -> int:
         res["q4_format"] = args.q4_format
         res["q4_kernels"] = sorted({str(k) for m in qm.net.modules() for k in (getattr(m, "kernels", None) or {}).values()})
         log(f"q4 model loaded; kernels {res['q4_kernels']}")
-        qe = Engine(qm, EngineConfig(**{**ecfg, "kv_cache_memory": min(8.0, ecfg["kv_cache_memory"])}))
+        qcfg = EngineConfig(**{**ecfg, "kv_cache_memory": min(8.0, ecfg["kv_cache_memory"])})
+        engines = []
+        if args.q4_ab:  # a second q4 engine whose graphs captured the Triton GEMV (the CUDA kernel off meanwhile)
+            os.environ["INFERFLOW_CUDA_KERNELS"] = "0"
+            qt = Engine(qm, qcfg)
+            for b in batches:
+                ours_decode(qt, dprompts[b], 4, device)
+            os.environ["INFERFLOW_CUDA_KERNELS"] = "1"
+            engines.append(("q4 triton", qt))
+        qe = Engine(qm, qcfg)
         qs: dict[str, list[float]] = {}
         for b in batches:
             ours_decode(qe, dprompts[b], 4, device)
         for r in range(max(1, args.rounds - 1)):
             for b in batches:
-                for name, e in ((f"q4 b{b}", qe), (f"bf16 b{b}", eng)):
+                for name, e in ((f"q4 b{b}", qe), (f"bf16 b{b}", eng), *((f"{n} b{b}", x) for n, x in engines)):
                     qs.setdefault(name, []).append(ours_decode(e, dprompts[b], args.new_tokens, device)[0])
                     log(f"q4 phase round {r + 1} {name}: {qs[name][-1]:.1f}")
         res["q4_decode"] = {k: {"tps": statistics.median(v), "samples": v} for k, v in qs.items()}

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch  # noqa: F401 - loaded first: its libgomp is the one the kernels bind to
 
@@ -49,15 +50,22 @@ def _compiler() -> str | None:
 
 def _build(name: str) -> Path:
     src = _HERE / f"{name}.c"
-    text = src.read_bytes()
     cc = _compiler()
     if cc is None:
         raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} is not on PATH)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    # the sources next to it count too: a kernel may include a shared header or another kernel (step.c)
-    headers = b"".join(h.read_bytes() for h in sorted([*_HERE.glob("*.h"), *_HERE.glob("*.c")]) if h != src)
-    key = hashlib.sha256(text + headers + repr((FLAGS, cc, version)).encode()).hexdigest()[:16]
-    out = cache_dir() / f"{name}-{key}.so"
+    return cached_build(src, lambda out: [cc, *FLAGS, "-o", out, str(src), "-lm"], repr((FLAGS, cc, version)))
+
+
+def cached_build(src: Path, command: Callable[[str], list[str]], ident: str) -> Path:
+    """The shared library built from ``src`` by ``command(output_path)``, kept in :func:`cache_dir` under a hash
+    of the source, every other kernel source and header next to it (a kernel may include them) and ``ident`` (the
+    flags and the compiler's version)."""
+    text = src.read_bytes()
+    exts = ("*.cu", "*.cuh") if src.suffix == ".cu" else ("*.h", "*.c")
+    deps = b"".join(h.read_bytes() for h in sorted(p for ext in exts for p in _HERE.glob(ext)) if h != src)
+    key = hashlib.sha256(text + deps + ident.encode()).hexdigest()[:16]
+    out = cache_dir() / f"{src.stem}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,9 +73,10 @@ def _build(name: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *FLAGS, "-o", tmp, str(src), "-lm"], capture_output=True, text=True, timeout=300)
+        cmd = command(tmp)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {src}:\n{res.stderr[-2000:]}")
+            raise RuntimeError(f"{cmd[0]} failed on {src}:\n{res.stderr[-2000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):

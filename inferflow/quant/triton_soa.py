@@ -27,6 +27,8 @@ import weakref
 
 import torch
 
+from . import cuda_q4
+
 GEMV_MAX_ROWS = 16
 GEMM_MAX_ROWS = 256         # 4-bit: the fused tl.dot GEMM up to here; above, decode + cuBLAS (compute-bound sizes)
 FMA_MAX_ROWS = 2            # up to here: float32 FMA GEMV; above: tl.dot with rows padded to 16
@@ -166,11 +168,18 @@ def _matmul4(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: t
     if m == 0:
         return y
     if m <= FMA_MAX_ROWS:
-        ws, cnt = _split_buffers(x2.device)
-        t4.gemv4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT"])](
-            x2, codes, scales, tab, b, y, ws, cnt, n, k, kw, x2.stride(0), y.stride(0), HAS_BIAS=bias is not None,
-            KIND=_CODE[kind], MP=m)
-        return y
+        def triton_gemv() -> torch.Tensor:
+            ws, cnt = _split_buffers(x2.device)
+            t4.gemv4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT"])](
+                x2, codes, scales, tab, b, y, ws, cnt, n, k, kw, x2.stride(0), y.stride(0),
+                HAS_BIAS=bias is not None, KIND=_CODE[kind], MP=m)
+            return y
+
+        if not interpreted and cuda_q4.supports(x2, kind, bias):
+            cfg = cuda_q4.choose(x2, codes, scales, tab, kind, n, k, bias, triton_gemv)
+            if cfg != cuda_q4.TRITON:
+                return cuda_q4.gemv(x2, codes, scales, tab, kind, n, k, bias, cfg, out=y)
+        return triton_gemv()
     mb = 1 << (m - 1).bit_length()  # the autotune key: rows rounded up to a power of two
     t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](
         x2, codes, scales, tab, b, y, m, n, k, kw, x2.stride(0), y.stride(0), mb, HAS_BIAS=bias is not None,

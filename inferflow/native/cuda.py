@@ -1,0 +1,78 @@
+"""CUDA kernels: ``inferflow/native/<name>.cu`` compiled with ``nvcc`` on first use, for the GPU it runs on, and
+loaded with ctypes (the CPU kernels' cache and atomic build, :func:`inferflow.native.cached_build`).
+
+Why not a torch extension: a plain shared library builds in seconds without torch's headers, and its launches go
+to the stream torch hands it (CUDA graphs capture them like torch's own). The library links the CUDA runtime
+statically; both runtimes use the device's primary context, so pointers and streams are shared.
+
+No ``nvcc`` (``$NVCC``, else ``$CUDA_HOME/bin/nvcc``, else ``nvcc`` on PATH), a failed build,
+``INFERFLOW_NATIVE=0`` or ``INFERFLOW_CUDA_KERNELS=0``: :func:`load` returns None, once warned where a build failed,
+and callers keep their Triton or torch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import _HERE, cached_build, enabled as native_enabled
+
+ENV = "INFERFLOW_CUDA_KERNELS"
+FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
+_lock = threading.Lock()
+_libs: dict[tuple[str, int, int], ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    """False when ``$INFERFLOW_CUDA_KERNELS`` (or ``$INFERFLOW_NATIVE``) is 0/false/off."""
+    off = os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
+    return native_enabled() and not off
+
+
+def nvcc() -> str | None:
+    """The CUDA compiler to use, or None."""
+    explicit = os.environ.get("NVCC")
+    if explicit:
+        return shutil.which(explicit)
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def build_command(compiler: str, src: Path, arch: tuple[int, int], out: str) -> list[str]:
+    """nvcc's command line: machine code for exactly this GPU (``sm_XY``: Hopper's own instructions included)."""
+    sm = f"{arch[0]}{arch[1]}"
+    return [compiler, *FLAGS, f"-gencode=arch=compute_{sm},code=sm_{sm}", "-o", out, str(src)]
+
+
+def load(name: str, device: torch.device) -> ctypes.CDLL | None:
+    """The compiled ``inferflow/native/<name>.cu`` for ``device``'s architecture, or None (see the module doc)."""
+    if not enabled() or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    arch = torch.cuda.get_device_capability(device)
+    key = (name, *arch)
+    with _lock:
+        if key in _libs:
+            return _libs[key]
+        lib: ctypes.CDLL | None = None
+        compiler = nvcc()
+        if compiler is not None:
+            try:
+                version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                         timeout=60).stdout
+                src = _HERE / f"{name}.cu"
+                path = cached_build(src, lambda out: build_command(compiler, src, arch, out),
+                                    repr((FLAGS, arch, compiler, version)))
+                lib = ctypes.CDLL(str(path))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                warnings.warn(f"inferflow: CUDA kernels {name!r} unavailable, using Triton instead: {e}",
+                              RuntimeWarning, stacklevel=2)
+        _libs[key] = lib
+        return lib

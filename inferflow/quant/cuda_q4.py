@@ -1,0 +1,120 @@
+"""The CUDA 4-bit GEMV (``inferflow/native/q4_gemv.cu``) for 1-2 activation rows, chosen per shape against
+Triton's ``gemv4``.
+
+Both read quant/triton_soa.py's layout and decode bit-identical weights with the same float32 operations, so the
+choice changes only the summation order. The CUDA kernel keeps more bytes in flight per SM (every code and scale
+load of a step issued before the first decode, the next step's during it), which is what the Triton kernel lacked
+at batch 1 on an H200.
+
+Selection: the first eager call of a (rows, N, K, kind, dtype, bias) key, outside a CUDA-graph capture, times the
+kernel's launch configs and Triton's autotuned pick as CUDA-graph replays with L2 flushed between calls (how a
+decode step runs them) and caches the fastest; the engine's warm-up makes that call before it captures. A key
+first seen inside a capture runs Triton. ``INFERFLOW_CUDA_KERNELS=0`` keeps Triton everywhere.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Callable
+
+import torch
+
+# R: output rows per work item (tile), in q4_gemv.cu's order
+CONFIGS: tuple[int, ...] = (4, 2, 8, 1)
+_DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_KIND = {"q4c": 0, "q4_0": 2}
+TRITON = -1  # a choice: Triton's gemv4
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_choice: dict[tuple, int] = {}
+
+
+def _lib(device: torch.device) -> ctypes.CDLL | None:
+    from ..native import cuda
+
+    lib = cuda.load("q4_gemv", device)
+    if lib is not None and not getattr(lib, "_typed", False):
+        p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        lib.q4_gemv.argtypes = [i, i, i, i, i, p, p, p, p, p, p, i, i, i, ll, ll, p]
+        lib.q4_gemv.restype = i
+        lib.q4_gemv_error.argtypes = [i]
+        lib.q4_gemv_error.restype = ctypes.c_char_p
+        lib.q4_gemv_configs.restype = i
+        if lib.q4_gemv_configs() != len(CONFIGS):
+            raise RuntimeError("q4_gemv.cu and cuda_q4.CONFIGS disagree on the launch configs")
+        lib._typed = True
+    return lib
+
+
+def supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
+    """Whether the kernel takes these operands: 1-2 rows of float32/bf16/fp16 with 16-byte aligned rows (its
+    vector loads), a bias of the same dtype."""
+    return (x2.device.type == "cuda" and kind in _KIND and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= 2
+            and x2.stride(-1) == 1 and x2.data_ptr() % 16 == 0
+            and (x2.shape[0] == 1 or (x2.stride(0) * x2.element_size()) % 16 == 0)
+            and (bias is None or (bias.dtype == x2.dtype and bias.is_contiguous())))
+
+
+def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int, k: int,
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`)."""
+    lib = _lib(x2.device)
+    if lib is None:
+        raise RuntimeError("the CUDA q4 GEMV is not available here")
+    m = x2.shape[0]
+    y = out if out is not None else torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    stream = torch.cuda.current_stream(x2.device).cuda_stream
+    err = lib.q4_gemv(x2.device.index or 0, _DTYPE[x2.dtype], _KIND[kind], cfg, m, x2.data_ptr(), codes.data_ptr(),
+                      scales.data_ptr(), tab.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+                      n, k, codes.shape[1], x2.stride(0), y.stride(0), ctypes.c_void_p(stream))
+    if err:
+        raise RuntimeError(f"q4_gemv launch failed: {lib.q4_gemv_error(err).decode()}")
+    return y
+
+
+def choose(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int,
+           k: int, bias: torch.Tensor | None, triton_call: Callable[[], torch.Tensor]) -> int:
+    """The cached choice for this key (:data:`TRITON` or a config index), timed at the first eager call."""
+    from ..native import cuda
+
+    if not cuda.enabled():  # read at each call: A/B runs switch it between two engines' graph captures
+        return TRITON
+    key = (x2.shape[0], n, codes.shape[1], kind, x2.dtype, bias is not None, x2.device)
+    hit = _choice.get(key)
+    if hit is not None:
+        return hit
+    if torch.cuda.is_current_stream_capturing() or _lib(x2.device) is None:
+        return TRITON  # never timed inside a capture; not cached, so an eager call still times it
+    with _lock:
+        if key not in _choice:
+            _choice[key] = _time(x2, codes, scales, tab, kind, n, k, bias, triton_call)
+    return _choice[key]
+
+
+def _ulp(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps if dtype != torch.float32 else 0.0
+
+
+def _time(x2, codes, scales, tab, kind, n, k, bias, triton_call) -> int:
+    from .triton_q4 import _flushed_graph_ms
+
+    ref = triton_call().float()  # Triton's autotuner runs first (it times with its own graphs)
+    tol = 1e-3 * ref.abs().max().item() + 1e-6  # summation order apart, the same float32 products
+    best, best_ms = TRITON, _flushed_graph_ms(triton_call)
+    y = torch.empty(x2.shape[0], n, dtype=x2.dtype, device=x2.device)
+    for cfg in range(len(CONFIGS)):
+        try:
+            gemv(x2, codes, scales, tab, kind, n, k, bias, cfg, out=y)
+            err = (y.float() - ref).abs().max().item()
+            if not err <= tol + 2 * ref.abs().max().item() * _ulp(x2.dtype):
+                log.warning("q4 GEMV config %s differs from Triton's by %g; not used", CONFIGS[cfg], err)
+                continue
+            ms = _flushed_graph_ms(lambda cfg=cfg: gemv(x2, codes, scales, tab, kind, n, k, bias, cfg, out=y))
+        except RuntimeError as e:
+            log.warning("q4 GEMV config %s failed: %s", CONFIGS[cfg], e)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    return best

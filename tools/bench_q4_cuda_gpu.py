@@ -1,0 +1,104 @@
+"""The CUDA 4-bit GEMV (native/q4_gemv.cu) against Triton's gemv4 on Qwen3-8B shapes: correctness, then time.
+
+    python3 tools/bench_q4_cuda_gpu.py [--shapes qkv,o,gate_up,down,head] [--rows 1,2] [--dtype bfloat16]
+
+Checks first: for q4_0 (random blocks) and inferflow q4 (q4c, a quantized random weight), M = 1 and 2, float32
+and bf16 activations, with and without a bias, every launch config of the CUDA kernel against the float64 product
+with the torch-decoded weight (relative to its largest output), and through ``triton_kernels.matmul`` (the
+engine's path, which picks a config by timing). Then, per shape: in-graph microseconds per call with L2 flushed
+between calls (triton_q4._flushed_graph_ms, as the autotuners time), Triton's autotuned gemv4 and each CUDA
+config, medians of 3, and the weight bytes read per second.
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from inferflow.quant import cuda_q4, formats, ggml, triton_kernels, triton_q4, triton_soa  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+          "head": (151936, 4096)}
+
+
+def q4_0_blocks(n: int, k: int) -> torch.Tensor:
+    nb = k // 32
+    b = torch.randint(0, 256, (n, nb, 18), dtype=torch.uint8, device="cuda")
+    b[:, :, :2] = (torch.rand(n, nb, device="cuda") * 0.004 + 0.001).half().view(torch.uint8).reshape(n, nb, 2)
+    return b.reshape(n, nb * 18)
+
+
+def check() -> None:
+    tab = triton_kernels._scale_table(torch.device("cuda"))
+    q4 = formats.get("q4")
+    for kind, (n, k) in (("q4_0", (1000, 4096)), ("q4_0", (300, 800)), ("q4c", (520, 1312))):
+        if kind == "q4_0":
+            blocks, qtype = q4_0_blocks(n, k), ggml.Q4_0
+            w = ggml.dequantize(blocks.cpu(), qtype, (n, k)).double().cuda()
+        else:
+            p = formats.quantize(torch.randn(n, k) * 0.02, q4)
+            blocks, qtype = p.data.reshape(n, -1).cuda(), q4.qtype
+            w = p.dequantize().double().cuda()
+        codes, scales = triton_soa.soa(blocks, kind, (n, k))
+        for dtype in (torch.float32, torch.bfloat16):
+            for m in (1, 2):
+                for with_bias in (False, True):
+                    x = torch.randn(m, k, device="cuda").to(dtype)
+                    bias = torch.randn(n, device="cuda").to(dtype) if with_bias else None
+                    ref = x.double() @ w.t() + (bias.double() if with_bias else 0)
+                    scale = ref.abs().max().item()
+                    errs = []
+                    for cfg in range(len(cuda_q4.CONFIGS)):
+                        y = cuda_q4.gemv(x, codes, scales, tab, kind, n, k, bias, cfg)
+                        errs.append((y.double() - ref).abs().max().item() / scale)
+                    y = triton_kernels.matmul(x, blocks, qtype, (n, k), bias)
+                    errs.append((y.double() - ref).abs().max().item() / scale)
+                    limit = 1e-5 if dtype == torch.float32 else 8e-3
+                    print(f"check {kind} {n}x{k} {str(dtype)[6:]} M={m} bias={with_bias}: max rel err "
+                          f"{max(errs[:-1]):.2e} (configs), {errs[-1]:.2e} (matmul)"
+                          f"{'' if max(errs) <= limit else '  FAILED'}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="qkv,o,gate_up,down,head")
+    ap.add_argument("--rows", default="1,2")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-check", action="store_true")
+    a = ap.parse_args()
+    if not a.no_check:
+        check()
+    dtype = getattr(torch, a.dtype)
+    tab = triton_kernels._scale_table(torch.device("cuda"))
+    for name in a.shapes.split(","):
+        n, k = SHAPES[name]
+        blocks = q4_0_blocks(n, k)
+        codes, scales = triton_soa.soa(blocks, "q4_0", (n, k))
+        gb = blocks.numel() / 1e6  # MB = bytes / 1e6, so MB / us = TB/s
+        for m in (int(r) for r in a.rows.split(",")):
+            x = torch.randn(m, k, device="cuda").to(dtype)
+            y = torch.empty(m, n, device="cuda", dtype=dtype)
+            ws, cnt = triton_soa._split_buffers(x.device)
+
+            def tri():
+                triton_q4.gemv4[lambda meta: (-(-n // meta["BLOCK_N"]), meta["SPLIT"])](
+                    x, codes, scales, tab, y, y, ws, cnt, n, k, codes.shape[1], x.stride(0), y.stride(0),
+                    HAS_BIAS=False, KIND=2, MP=m)
+            tri()
+            res = [("triton", statistics.median(triton_q4._flushed_graph_ms(tri) for _ in range(3)) * 1e3)]
+            for cfg, rw in enumerate(cuda_q4.CONFIGS):
+                def cu(cfg=cfg):
+                    cuda_q4.gemv(x, codes, scales, tab, "q4_0", n, k, None, cfg, out=y)
+                cu()
+                res.append((f"cuda R={rw}",
+                            statistics.median(triton_q4._flushed_graph_ms(cu) for _ in range(3)) * 1e3))
+            best = min(res[1:], key=lambda r: r[1])
+            line = "  ".join(f"{lbl} {t:.1f}" for lbl, t in res)
+            print(f"{name} {n}x{k} M={m}: {line}  | triton {gb / res[0][1]:.2f} TB/s, best cuda {best[0]} "
+                  f"{gb / best[1]:.2f} TB/s ({res[0][1] / best[1]:.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
