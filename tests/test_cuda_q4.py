@@ -1,26 +1,20 @@
-"""The CUDA 4-bit GEMV's host side (inferflow/native/cuda.py, inferflow/quant/cuda_q4.py): where it applies, how
-it is built and cached, and that it stays out of the way where it cannot run. The kernel itself runs on a GPU:
-with INFERFLOW_TEST_DEVICE=cuda the matmul test below runs it against the float64 product (and checks that it was
-picked); on a CPU the same test runs the Triton kernels under the interpreter. tools/bench_q4_cuda_gpu.py checks
-every launch config on a GPU."""
+"""The CUDA 4-bit kernels' host side (inferflow/native/cuda.py, inferflow/quant/cuda_q4.py, cuda_q4_mma.py): where
+they apply, how they are built and cached, the tensor-core layout, and that they stay out of the way where they
+cannot run. The kernels themselves run on a GPU: with INFERFLOW_TEST_DEVICE=cuda the matmul test below runs every
+launch config of both against the float64 product; on a CPU the same test runs the Triton kernels under the
+interpreter. tools/bench_q4_cuda_gpu.py checks them on a GPU at larger shapes."""
 import os
 import sys
 from pathlib import Path
 
-DEVICE = os.environ.get("INFERFLOW_TEST_DEVICE", "cpu")  # as tests/parity.py (which imports triton: too early)
-if DEVICE == "cpu":  # the Triton kernels on CPU tensors: triton imported under the switch (its own jit helpers,
-    os.environ["TRITON_INTERPRET"] = "1"  # tl.cdiv and the like, read it once), as tests/test_triton_quant.py
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # test_matmul skips; the host-side tests need no triton
-        pass
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+from inferflow import native
+from inferflow.native import cuda
+from inferflow.quant import cuda_q4, cuda_q4_mma, formats, ggml, triton_kernels, triton_soa
 
-from inferflow import native  # noqa: E402
-from inferflow.native import cuda  # noqa: E402
-from inferflow.quant import cuda_q4, formats, triton_kernels, triton_soa  # noqa: E402
+DEVICE = os.environ.get("INFERFLOW_TEST_DEVICE", "cpu")  # as tests/parity.py (which imports more than needed)
 
 
 def test_not_for_cpu_tensors():
@@ -35,7 +29,7 @@ def test_switched_off(monkeypatch, value):
     assert not cuda.enabled()
     x = torch.randn(1, 256)
     # the choice is Triton's without touching a GPU or the compiler
-    assert cuda_q4.choose(x, None, None, None, "q4_0", 8, 256, None, lambda: None) == cuda_q4.TRITON
+    assert cuda_q4.choose(x, None, None, None, None, "q4_0", 8, 256, None, lambda: None)[0] == cuda_q4.TRITON
     monkeypatch.setenv(cuda.ENV, "1")
     monkeypatch.setenv(native.ENV, "0")  # native kernels off altogether: CUDA ones too
     assert not cuda.enabled()
@@ -107,11 +101,11 @@ def test_cached_build(monkeypatch, tmp_path):
 @pytest.mark.parametrize("name", ["q4_0", "q4"])
 @pytest.mark.parametrize("m", [1, 2])
 def test_matmul(name, m, request):
-    pytest.importorskip("triton")  # the `test` extra installs it
-    if DEVICE == "cpu":
+    if DEVICE == "cpu":  # Triton's interpreter on, before triton is first imported (when this file runs alone)
         request.getfixturevalue("triton_interpreter")
         request.getfixturevalue("one_thread")
-    n, k = 48, 800  # 4 groups of 256 columns, the last one padded: the kernel's bounds checks
+    pytest.importorskip("triton")  # the `test` extra installs it
+    n, k = 48, 832  # 4 groups of 256 columns, the last one padded: the kernels' bounds checks
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(3))
     p = formats.quantize(w, name)
     blocks = p.data.reshape(n, -1).to(DEVICE)
@@ -123,6 +117,63 @@ def test_matmul(name, m, request):
     if DEVICE == "cuda" and cuda.nvcc() is not None:
         codes, scales = triton_soa.soa(blocks, "q4c" if name == "q4" else name, (n, k))
         tab = triton_kernels._scale_table(x.device)
+        kind = "q4c" if name == "q4" else name
+        out = torch.empty(m, n, device=DEVICE)
         for cfg in range(len(cuda_q4.CONFIGS)):  # every launch config, not only the one the timing picked
-            y = cuda_q4.gemv(x, codes, scales, tab, "q4c" if name == "q4" else name, n, k, bias, cfg)
+            y = cuda_q4.run(("fma", cfg), x, blocks, codes, scales, tab, kind, n, k, bias, out)
             assert (y.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+        if kind == "q4_0":  # the tensor cores: bf16 activations (the reference takes them as rounded)
+            xb, bb = x.bfloat16(), bias.bfloat16()
+            refb = xb.double() @ p.dequantize().double().t().to(DEVICE) + bb.double()
+            out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)
+            for cfg in range(len(cuda_q4_mma.CONFIGS)):
+                y = cuda_q4.run(("mma", cfg), xb, blocks, codes, scales, tab, kind, n, k, bb, out)
+                assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item()
+
+
+def test_tensor_core_layout_round_trip():
+    # the layout's documented mapping, read back independently: lane l = 4 g + t, word s, nibble 4 h + a is row
+    # g + 8 (a & 1), column 16 s + 2 t + h + 8 (a >> 1) of the 16 x 64 tile; scales (g, blk 0), (g, blk 1),
+    # (g + 8, blk 0), (g + 8, blk 1)
+    n, k = 40, 192  # 3 row tiles, the last one padded; 3 column tiles
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(5))
+    p = formats.quantize(w, "q4_0")
+    codes, scales = cuda_q4_mma.repack(p.data, "q4_0", (n, k))
+    assert codes.shape == (3, 3, 32, 4) and scales.shape == (3, 3, 8, 4)
+    got = torch.zeros(48, k, dtype=torch.float64)
+    for rt in range(3):
+        for kt in range(3):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for s_ in range(4):
+                    word = int(codes[rt, kt, lane, s_]) & 0xFFFFFFFF
+                    for j in range(8):
+                        h, a = divmod(j, 4)
+                        row, col = g + 8 * (a & 1), 16 * s_ + 2 * t + h + 8 * (a >> 1)
+                        d = float(scales[rt, kt, g, 2 * (a & 1) + (col // 32)])
+                        got[rt * 16 + row, kt * 64 + col] = d * (((word >> (4 * j)) & 15) - 8)
+    assert torch.equal(got[:n], ggml.dequantize(p.data, ggml.Q4_0, (n, k)).double())
+    assert not got[n:].any()  # padding rows: zero codes and scales
+    with pytest.raises(ValueError, match="multiple of 64"):
+        cuda_q4_mma.repack(formats.quantize(torch.randn(4, 96), "q4_0").data, "q4_0", (4, 96))
+
+
+def test_layouts_cached_apart():
+    # both layouts' makers are named ``repack``: each weight keeps one entry per layout, freed on demand
+    p = formats.quantize(torch.randn(16, 256), "q4_0")
+    soa = triton_soa.soa(p.data, "q4_0", (16, 256))
+    mma = triton_soa.soa(p.data, "q4_0", (16, 256), make=cuda_q4_mma.repack)
+    assert soa[0].shape == (16, 32) and mma[0].shape == (1, 4, 32, 4)
+    assert triton_soa.soa(p.data, "q4_0", (16, 256), make=cuda_q4_mma.repack) is mma
+    triton_soa.forget(p.data, "q4_0", (16, 256), make=cuda_q4_mma.repack)
+    assert triton_soa.soa(p.data, "q4_0", (16, 256), make=cuda_q4_mma.repack) is not mma
+    assert triton_soa.soa(p.data, "q4_0", (16, 256)) is soa
+
+
+def test_tensor_core_operands():
+    x = torch.empty(8, 512, dtype=torch.bfloat16)
+    assert cuda_q4_mma.supports(x, "q4_0", 512) and cuda_q4_mma.supports(x[:1].half(), "q4_0", 512)
+    assert not cuda_q4_mma.supports(x.float(), "q4_0", 512)  # float32 activations: the FMA kernel
+    assert not cuda_q4_mma.supports(torch.empty(9, 512, dtype=torch.bfloat16), "q4_0", 512)
+    assert not cuda_q4_mma.supports(x, "q4c", 512)  # fractional zero points: not exact as 16-bit floats
+    assert not cuda_q4_mma.supports(x, "q4_0", 544)

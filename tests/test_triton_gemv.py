@@ -79,7 +79,7 @@ def test_elementwise_accumulation_variant(weights, name):
 def test_cache_follows_the_blocks_tensor(weights):
     p = weights["q4"]
     blocks = p.data.clone()
-    key = (blocks.data_ptr(), tuple(blocks.shape), "q4c", tuple(p.shape), blocks.device)
+    key = triton_soa._key(blocks, "q4c", p.shape, triton_soa.repack)
     triton_soa.soa(blocks, "q4c", p.shape)
     assert key in triton_soa._cache
     del blocks  # the repacking goes with its blocks

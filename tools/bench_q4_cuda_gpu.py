@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inferflow.quant import cuda_q4, formats, ggml, triton_kernels, triton_q4, triton_soa  # noqa: E402
+from inferflow.quant import cuda_q4, cuda_q4_mma, formats, ggml, triton_kernels, triton_q4, triton_soa  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "head": (151936, 4096)}
@@ -33,7 +33,7 @@ def q4_0_blocks(n: int, k: int) -> torch.Tensor:
 def check() -> None:
     tab = triton_kernels._scale_table(torch.device("cuda"))
     q4 = formats.get("q4")
-    for kind, (n, k) in (("q4_0", (1000, 4096)), ("q4_0", (300, 800)), ("q4c", (520, 1312))):
+    for kind, (n, k) in (("q4_0", (1000, 4096)), ("q4_0", (300, 832)), ("q4c", (520, 1312))):
         if kind == "q4_0":
             blocks, qtype = q4_0_blocks(n, k), ggml.Q4_0
             w = ggml.dequantize(blocks.cpu(), qtype, (n, k)).double().cuda()
@@ -50,8 +50,12 @@ def check() -> None:
                     ref = x.double() @ w.t() + (bias.double() if with_bias else 0)
                     scale = ref.abs().max().item()
                     errs = []
-                    for cfg in range(len(cuda_q4.CONFIGS)):
-                        y = cuda_q4.gemv(x, codes, scales, tab, kind, n, k, bias, cfg)
+                    out = torch.empty(m, n, device="cuda", dtype=dtype)
+                    cands = [("fma", c) for c in range(len(cuda_q4.CONFIGS))]
+                    if cuda_q4_mma.supports(x, kind, k):
+                        cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+                    for cand in cands:
+                        y = cuda_q4.run(cand, x, blocks, codes, scales, tab, kind, n, k, bias, out)
                         errs.append((y.double() - ref).abs().max().item() / scale)
                     y = triton_kernels.matmul(x, blocks, qtype, (n, k), bias)
                     errs.append((y.double() - ref).abs().max().item() / scale)
@@ -88,15 +92,17 @@ def main() -> None:
                     HAS_BIAS=False, KIND=2, MP=m)
             tri()
             res = [("triton", statistics.median(triton_q4._flushed_graph_ms(tri) for _ in range(3)) * 1e3)]
-            for cfg, rw in enumerate(cuda_q4.CONFIGS):
-                def cu(cfg=cfg):
-                    cuda_q4.gemv(x, codes, scales, tab, "q4_0", n, k, None, cfg, out=y)
+            cands = [(("fma", c), f"fma R={r}") for c, r in enumerate(cuda_q4.CONFIGS)]
+            cands += [(("mma", c), f"mma W={w},U={u}") for c, (w, u) in enumerate(cuda_q4_mma.CONFIGS)
+                      if cuda_q4_mma.supports(x, "q4_0", k)]
+            for cand, label in cands:
+                def cu(cand=cand):
+                    cuda_q4.run(cand, x, blocks, codes, scales, tab, "q4_0", n, k, None, y)
                 cu()
-                res.append((f"cuda R={rw}",
-                            statistics.median(triton_q4._flushed_graph_ms(cu) for _ in range(3)) * 1e3))
+                res.append((label, statistics.median(triton_q4._flushed_graph_ms(cu) for _ in range(3)) * 1e3))
             best = min(res[1:], key=lambda r: r[1])
             line = "  ".join(f"{lbl} {t:.1f}" for lbl, t in res)
-            print(f"{name} {n}x{k} M={m}: {line}  | triton {gb / res[0][1]:.2f} TB/s, best cuda {best[0]} "
+            print(f"{name} {n}x{k} M={m}: {line}  | triton {gb / res[0][1]:.2f} TB/s, best {best[0]} "
                   f"{gb / best[1]:.2f} TB/s ({res[0][1] / best[1]:.2f}x)", flush=True)
 
 

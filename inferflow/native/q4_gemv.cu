@@ -3,15 +3,15 @@
 //
 // Why CUDA C and not Triton: at M = 1 the Triton kernel read the Qwen3-8B-shaped weights at 0.9-1.6 TB/s of the
 // H200's ~4.3, and an int8-activation variant with a fifth of the instructions was no faster: the kernel was bound
-// by too few bytes in flight per SM. Here each thread issues all its 16-byte code loads (R rows) and its scale loads
-// before it decodes anything, and the next step's while it decodes this one.
+// by too few bytes in flight per SM. Here a warp issues all its 16-byte code and scale loads of a work item before
+// it decodes anything, and the next item's while it decodes this one.
 //
-// Work split: a block owns R output rows; its W warps split K. Lane l of a warp takes 16 bytes (words 4t..4t+3,
-// t = l % 8) of group 4 * (step * W + warp) + l / 8 of each row, so a warp's load is 512 contiguous bytes of a row.
-// Word j of group g holds column 256 g + 32 i + j in nibble i, so those 4 words need the activations at columns
+// Work split: each warp owns tiles of R output rows (see gemv4 below). Lane l takes 16 bytes (words 4t..4t+3,
+// t = l % 8) of group 4 * step + l / 8 of each row, so a warp's load is 512 contiguous bytes of a row. Word j of
+// group g holds column 256 g + 32 i + j in nibble i, so those 4 words need the activations at columns
 // 256 g + 32 i + 4t + 0..3 for i = 0..7 (one 8- or 16-byte load each, shared by the R rows) and the scales of
-// blocks 8 g + i (one 16-byte load per row). Each output is summed in a fixed order (a thread's FMAs, a butterfly
-// over the warp, the warps in order), so results do not depend on the batch or the launch.
+// blocks 8 g + i (one 16-byte load per row). Each output is summed in a fixed order (a thread's FMAs, then a
+// butterfly over the warp), so results do not depend on the batch or the launch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

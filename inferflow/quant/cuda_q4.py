@@ -1,15 +1,17 @@
-"""The CUDA 4-bit GEMV (``inferflow/native/q4_gemv.cu``) for 1-2 activation rows, chosen per shape against
-Triton's ``gemv4``.
+"""The CUDA 4-bit decode kernels, chosen per shape against Triton's ``gemv4`` for 1-2 activation rows.
 
-Both read quant/triton_soa.py's layout and decode bit-identical weights with the same float32 operations, so the
-choice changes only the summation order. The CUDA kernel keeps more bytes in flight per SM (every code and scale
-load of a step issued before the first decode, the next step's during it), which is what the Triton kernel lacked
-at batch 1 on an H200.
+- ``fma`` (``inferflow/native/q4_gemv.cu``): q4_0 and inferflow q4 on quant/triton_soa.py's layout, the same exact
+  float32 decode as ``gemv4`` (bit-identical weights), but persistent warps that keep the next work item's codes
+  and scales in flight while they decode this one: the bytes in flight per SM that the Triton kernel lacked.
+- ``mma`` (``inferflow/native/q4_mma.cu``, layout in cuda_q4_mma.py): q4_0 with bf16/fp16 activations on the
+  tensor cores (exact q - 8 as 16-bit floats, float32 sums, the block scale applied to each block's sum). Its own
+  copy of the weight, made only for weights where some key picked it.
 
-Selection: the first eager call of a (rows, N, K, kind, dtype, bias) key, outside a CUDA-graph capture, times the
-kernel's launch configs and Triton's autotuned pick as CUDA-graph replays with L2 flushed between calls (how a
-decode step runs them) and caches the fastest; the engine's warm-up makes that call before it captures. A key
-first seen inside a capture runs Triton. ``INFERFLOW_CUDA_KERNELS=0`` keeps Triton everywhere.
+Selection: the first eager call of a (rows, N, K, kind, dtype, bias) key, outside a CUDA-graph capture, checks
+every launch config of both against Triton's result, times them and Triton's autotuned pick as CUDA-graph replays
+with L2 flushed between calls (how a decode step runs them), and caches the fastest; the engine's warm-up makes
+that call before it captures. A key first seen inside a capture runs Triton. ``INFERFLOW_CUDA_KERNELS=0`` keeps
+Triton everywhere; without ``nvcc`` nothing here is built and Triton runs as before.
 """
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ import torch
 CONFIGS: tuple[int, ...] = (4, 2, 8, 1)
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _KIND = {"q4c": 0, "q4_0": 2}
-TRITON = -1  # a choice: Triton's gemv4
+TRITON = "triton"  # a choice: Triton's gemv4
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_choice: dict[tuple, int] = {}
+_choice: dict[tuple, tuple[str, int]] = {}
+_mma_users: set[tuple] = set()  # weights (blocks pointer, device) some key runs on the tensor cores: layout kept
 
 
 def _lib(device: torch.device) -> ctypes.CDLL | None:
@@ -74,47 +77,88 @@ def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch
     return y
 
 
-def choose(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int,
-           k: int, bias: torch.Tensor | None, triton_call: Callable[[], torch.Tensor]) -> int:
-    """The cached choice for this key (:data:`TRITON` or a config index), timed at the first eager call."""
+def _mma_lib(device: torch.device) -> ctypes.CDLL | None:
+    from ..native import cuda
+    from . import cuda_q4_mma
+
+    lib = cuda.load("q4_mma", device)
+    if lib is not None and not getattr(lib, "_typed", False):
+        cuda_q4_mma.bind(lib)
+        lib._typed = True
+    return lib
+
+
+def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
+           kind: str, n: int, k: int, bias: torch.Tensor | None,
+           triton_call: Callable[[], torch.Tensor]) -> tuple[str, int]:
+    """The cached choice for this key, timed at the first eager call: (TRITON, 0), ("fma", config) or ("mma",
+    config)."""
     from ..native import cuda
 
     if not cuda.enabled():  # read at each call: A/B runs switch it between two engines' graph captures
-        return TRITON
+        return TRITON, 0
     key = (x2.shape[0], n, codes.shape[1], kind, x2.dtype, bias is not None, x2.device)
     hit = _choice.get(key)
     if hit is not None:
         return hit
     if torch.cuda.is_current_stream_capturing() or _lib(x2.device) is None:
-        return TRITON  # never timed inside a capture; not cached, so an eager call still times it
+        return TRITON, 0  # never timed inside a capture; not cached, so an eager call still times it
     with _lock:
         if key not in _choice:
-            _choice[key] = _time(x2, codes, scales, tab, kind, n, k, bias, triton_call)
+            _choice[key] = _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call)
     return _choice[key]
+
+
+def run(choice: tuple[str, int], x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+        tab: torch.Tensor, kind: str, n: int, k: int, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """Run a CUDA choice of :func:`choose` (not TRITON)."""
+    if choice[0] == "fma":
+        return gemv(x2, codes, scales, tab, kind, n, k, bias, choice[1], out=out)
+    from . import cuda_q4_mma, triton_soa
+
+    layout = triton_soa.cached(blocks, kind, (n, k), make=cuda_q4_mma.repack)
+    if layout is None and torch.cuda.is_current_stream_capturing():
+        # never repack inside a capture (the graph would replay it): a weight first seen here takes the FMA kernel
+        return gemv(x2, codes, scales, tab, kind, n, k, bias, 0, out=out)
+    mc, ms = layout or triton_soa.soa(blocks, kind, (n, k), make=cuda_q4_mma.repack)
+    return cuda_q4_mma.gemv(_mma_lib(x2.device), x2, mc, ms, n, bias, choice[1], out)
 
 
 def _ulp(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps if dtype != torch.float32 else 0.0
 
 
-def _time(x2, codes, scales, tab, kind, n, k, bias, triton_call) -> int:
+def _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call) -> tuple[str, int]:
+    from . import cuda_q4_mma, triton_soa
     from .triton_q4 import _flushed_graph_ms
 
     ref = triton_call().float()  # Triton's autotuner runs first (it times with its own graphs)
-    tol = 1e-3 * ref.abs().max().item() + 1e-6  # summation order apart, the same float32 products
-    best, best_ms = TRITON, _flushed_graph_ms(triton_call)
+    # the same weights, summed in another order (and, for the tensor cores, rounded activations are not: both
+    # take x as it is), so within a few output ulps
+    tol = 1e-3 * ref.abs().max().item() + 1e-6 + 2 * ref.abs().max().item() * _ulp(x2.dtype)
+    best, best_ms = (TRITON, 0), _flushed_graph_ms(triton_call)
     y = torch.empty(x2.shape[0], n, dtype=x2.dtype, device=x2.device)
-    for cfg in range(len(CONFIGS)):
+    cands = [("fma", c) for c in range(len(CONFIGS))]
+    mma = cuda_q4_mma.supports(x2, kind, k) and _mma_lib(x2.device) is not None
+    if mma:
+        cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+    for cand in cands:
+        call = lambda cand=cand: run(cand, x2, blocks, codes, scales, tab, kind, n, k, bias, y)  # noqa: E731
         try:
-            gemv(x2, codes, scales, tab, kind, n, k, bias, cfg, out=y)
+            call()
             err = (y.float() - ref).abs().max().item()
-            if not err <= tol + 2 * ref.abs().max().item() * _ulp(x2.dtype):
-                log.warning("q4 GEMV config %s differs from Triton's by %g; not used", CONFIGS[cfg], err)
+            if not err <= tol:
+                log.warning("q4 GEMV %s differs from Triton's by %g; not used", cand, err)
                 continue
-            ms = _flushed_graph_ms(lambda cfg=cfg: gemv(x2, codes, scales, tab, kind, n, k, bias, cfg, out=y))
+            ms = _flushed_graph_ms(call)
         except RuntimeError as e:
-            log.warning("q4 GEMV config %s failed: %s", CONFIGS[cfg], e)
+            log.warning("q4 GEMV %s failed: %s", cand, e)
             continue
         if ms < best_ms:
-            best, best_ms = cfg, ms
+            best, best_ms = cand, ms
+    users = (blocks.data_ptr(), blocks.device)
+    if best[0] == "mma":
+        _mma_users.add(users)
+    elif mma and users not in _mma_users:  # its layout lost here and nowhere else: give its memory back
+        triton_soa.forget(blocks, kind, (n, k), make=cuda_q4_mma.repack)
     return best

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Callable
 
 import torch
 
@@ -60,18 +61,38 @@ def repack(blocks: torch.Tensor, kind: str, shape: tuple[int, int]) -> tuple[tor
     return packed.view(torch.int32).reshape(n, gp * 4), scales.contiguous()  # little-endian: nibble i at bits 4i
 
 
-def soa(blocks: torch.Tensor, kind: str, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cached repacking of ``blocks`` (made at the first call for this tensor)."""
-    key = (blocks.data_ptr(), tuple(blocks.shape), kind, tuple(shape), blocks.device)
+def soa(blocks: torch.Tensor, kind: str, shape: tuple[int, int],
+        make: Callable[[torch.Tensor, str, tuple[int, int]], tuple] = repack) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached repacking of ``blocks`` by ``make`` (this module's layout unless told; made at the first call
+    for this tensor, freed with it)."""
+    key = _key(blocks, kind, shape, make)
     hit = _cache.get(key)
     if hit is not None and hit[0]() is blocks:
         return hit[1]
     with torch.inference_mode(False), torch.no_grad():
-        packed = repack(blocks, kind, shape)
+        packed = make(blocks, kind, shape)
     with _lock:
         _cache[key] = (weakref.ref(blocks), packed)
     weakref.finalize(blocks, _drop, key, id(packed))
     return packed
+
+
+def _key(blocks: torch.Tensor, kind: str, shape: tuple[int, int], make: Callable) -> tuple:
+    # the maker by module and name: two layouts' ``repack`` functions must not share an entry
+    return (blocks.data_ptr(), tuple(blocks.shape), kind, tuple(shape), blocks.device,
+            f"{make.__module__}.{make.__qualname__}")
+
+
+def cached(blocks: torch.Tensor, kind: str, shape: tuple[int, int], make: Callable = repack) -> tuple | None:
+    """The cached repacking of ``blocks`` by ``make``, or None (never made here)."""
+    hit = _cache.get(_key(blocks, kind, shape, make))
+    return hit[1] if hit is not None and hit[0]() is blocks else None
+
+
+def forget(blocks: torch.Tensor, kind: str, shape: tuple[int, int], make: Callable = repack) -> None:
+    """Drop the cached repacking of ``blocks`` by ``make`` (a layout that lost its timing: its memory back)."""
+    with _lock:
+        _cache.pop(_key(blocks, kind, shape, make), None)
 
 
 def _drop(key: tuple, ident: int) -> None:
@@ -130,7 +151,7 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
     m = x2.shape[0]
     codes, scales = soa(blocks, kind, shape)
     if kind != "q8_0" and m <= GEMM_MAX_ROWS:
-        return _matmul4(x2, codes, scales, tab, kind, shape, bias, interpreted)
+        return _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, interpreted)
     if m > GEMV_MAX_ROWS:
         rows = max(1, min(n, DEQUANT_MAX_ELEMS // k))
         if rows < n:  # a vocabulary-sized weight: row chunks, each decoded into the buffer and used at once
@@ -155,8 +176,8 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
     return y
 
 
-def _matmul4(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str,
-             shape: tuple[int, int], bias: torch.Tensor | None, interpreted: bool) -> torch.Tensor:
+def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
+             kind: str, shape: tuple[int, int], bias: torch.Tensor | None, interpreted: bool) -> torch.Tensor:
     """4-bit weights, up to GEMM_MAX_ROWS rows: the FMA GEMV or the dequant-fused tl.dot GEMM (triton_q4*.py)."""
     from . import triton_q4 as t4
     from . import triton_q4_gemm as t4g
@@ -176,9 +197,9 @@ def _matmul4(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: t
             return y
 
         if not interpreted and cuda_q4.supports(x2, kind, bias):
-            cfg = cuda_q4.choose(x2, codes, scales, tab, kind, n, k, bias, triton_gemv)
-            if cfg != cuda_q4.TRITON:
-                return cuda_q4.gemv(x2, codes, scales, tab, kind, n, k, bias, cfg, out=y)
+            choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_gemv)
+            if choice[0] != cuda_q4.TRITON:
+                return cuda_q4.run(choice, x2, blocks, codes, scales, tab, kind, n, k, bias, y)
         return triton_gemv()
     mb = 1 << (m - 1).bit_length()  # the autotune key: rows rounded up to a power of two
     t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](

@@ -1,0 +1,227 @@
+// Q4_0 GEMV/GEMM for 1-8 activation rows on tensor cores (mma.sync m16n8k16): the decode kernel for bf16/fp16
+// activations. The weight is the A operand (16 output rows x 16 columns per mma), the activations the B operand
+// (8 columns: rows 0..m-1 of x, the rest zero).
+//
+// Why: a float32 FMA decode costs ~4.5 instructions per weight (nibble, decode FMA, product FMA and shares of
+// shifts, scales and conversions); at 4 TB/s of Q4_0 that is about what an H200's SMs can issue. Here a pair of
+// weights costs one LOP3 (two nibbles into a 16-bit float pair: 0x4300 | q is the bf16 128 + q, 0x6400 | q the fp16
+// 1024 + q), one HSUB2 (minus 136 or 1032: q - 8, exact), and a share of a shift; the products go to the tensor
+// cores, and the block scale is applied to the float32 mma result of each 32-column block (FFMA per output).
+// So the weights multiplied are exactly q - 8, the sums float32, the scale exact: the torch decoder's d * (q - 8)
+// up to float32 summation order.
+//
+// Layout (cuda_q4_mma.repack): a tile is 16 rows x 64 columns (2 blocks of each row), 512 bytes of codes, lane
+// l = 4 g + t holding word s (k-step s: columns 16 s .. 16 s + 15) with its A fragment's 8 codes: nibble 4 h + a is
+// row g + 8 (a & 1), column 16 s + 2 t + h + 8 (a >> 1). Scales: per tile 8 x 4 fp16, lane group g's four being
+// (row g, block 0), (row g, block 1), (row g + 8, block 0), (row g + 8, block 1).
+// Codes [row tiles][column tiles][32 lanes] uint4, scales [row tiles][column tiles][8] uint2.
+//
+// Work: a block of W warps owns a row tile at a time (persistent over tiles), its warps splitting the column
+// tiles, U of them per step, the next step's codes loaded before this step's mma; the warps' float32 partials are
+// summed in a fixed order through shared memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+template <typename T> struct Mma;
+
+template <> struct Mma<__nv_bfloat16> {
+  static constexpr uint32_t magic = 0x43004300u;  // bf16 pair (128, 128)
+  static __device__ __forceinline__ uint32_t minus(uint32_t v) {  // v - (136, 136): q - 8, exact
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&v), __nv_bfloat162(136.f, 136.f));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <> struct Mma<__half> {
+  static constexpr uint32_t magic = 0x64006400u;  // fp16 pair (1024, 1024)
+  static __device__ __forceinline__ uint32_t minus(uint32_t v) {
+    __half2 r = __hsub2(*reinterpret_cast<__half2*>(&v), __half2(1032.f, 1032.f));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {  // read once: keep L1 for x and the scales
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T, int W, int U>
+__global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const uint4* __restrict__ codes,
+                                                 const uint2* __restrict__ scales, const T* __restrict__ bias,
+                                                 T* __restrict__ y, int n, int kt, int m, long long sxm,
+                                                 long long sym) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int rt = (n + 15) >> 4;          // row tiles
+  const int steps = (kt + W * U - 1) / (W * U);  // steps per row tile (every warp the same count)
+  // in a register: (a & mask) | magic with two immediates is two LOP3s, with one a register it is one
+  const uint32_t magic = kt >= 0 ? Mma<T>::magic : 0u;
+  const T* xr = x + (g < m ? g : 0) * sxm;  // lane group g reads activation row g (rows >= m: zeros)
+  const bool xrow = g < m;
+  __shared__ float part[W][32][4];
+
+  int tile = blockIdx.x, step = 0;
+  if (tile >= rt) return;
+  uint4 q[U];
+  uint2 sc[U];
+  auto load = [&](int tl, int st, uint4 (&qq)[U], uint2 (&ss)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = (st * W + warp) * U + u;
+      if (c < kt) {
+        const long long at = static_cast<long long>(tl) * kt + c;
+        qq[u] = load_stream(codes + at * 32 + lane);
+        ss[u] = __ldg(scales + at * 8 + g);
+      } else {
+        qq[u] = make_uint4(0u, 0u, 0u, 0u);
+        ss[u] = make_uint2(0u, 0u);
+      }
+    }
+  };
+  load(tile, step, q, sc);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  while (true) {
+    int ntile = tile, nstep = step + 1;
+    if (nstep == steps) { nstep = 0; ntile += gridDim.x; }
+    const bool more = ntile < rt;
+    uint4 qn[U];
+    uint2 sn[U];
+    if (more) load(ntile, nstep, qn, sn);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = (step * W + warp) * U + u;
+      if (c >= kt) break;  // warp-uniform
+      const float2 d0 = __half22float2(*reinterpret_cast<const __half2*>(&sc[u].x));  // (row g: block 0, 1)
+      const float2 d1 = __half22float2(*reinterpret_cast<const __half2*>(&sc[u].y));  // (row g + 8: block 0, 1)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {  // the tile's two 32-column blocks, two k-steps each
+        float part4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 2 * b; s < 2 * b + 2; ++s) {
+          const uint32_t w = word(q[u], s);
+          uint32_t a[4];
+          a[0] = Mma<T>::minus((w & 0x000F000Fu) | magic);
+          a[1] = Mma<T>::minus((w >> 4 & 0x000F000Fu) | magic);
+          a[2] = Mma<T>::minus((w >> 8 & 0x000F000Fu) | magic);
+          a[3] = Mma<T>::minus((w >> 12 & 0x000F000Fu) | magic);
+          const int k = c * 64 + 16 * s + 2 * t;
+          const uint32_t b0 = xrow ? __ldg(reinterpret_cast<const uint32_t*>(xr + k)) : 0u;
+          const uint32_t b1 = xrow ? __ldg(reinterpret_cast<const uint32_t*>(xr + k + 8)) : 0u;
+          Mma<T>::mma(part4, a, b0, b1);
+        }
+        const float dg = b == 0 ? d0.x : d0.y, dg8 = b == 0 ? d1.x : d1.y;
+        acc[0] = __fmaf_rn(dg, part4[0], acc[0]);
+        acc[1] = __fmaf_rn(dg, part4[1], acc[1]);
+        acc[2] = __fmaf_rn(dg8, part4[2], acc[2]);
+        acc[3] = __fmaf_rn(dg8, part4[3], acc[3]);
+      }
+    }
+    if (step == steps - 1) {  // the row tile's last step: sum the warps' partials in order, store
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
+      __syncthreads();
+      if (warp == 0) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int w = 0; w < W; ++w)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[i] += part[w][lane][i];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // c0, c1: row g, columns (x rows) 2t, 2t + 1; c2, c3: row g + 8
+          const int row = tile * 16 + g + 8 * (i >> 1), col = 2 * t + (i & 1);
+          if (col < m && row < n) {
+            float o = v[i];
+            if (bias != nullptr) o += Mma<T>::to_float(bias[row]);
+            y[col * sym + row] = Mma<T>::from_float(o);
+          }
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+    }
+    if (!more) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u) { q[u] = qn[u]; sc[u] = sn[u]; }
+    tile = ntile;
+    step = nstep;
+  }
+}
+
+template <typename T, int W, int U>
+cudaError_t launch(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
+                   int m, long long sxm, long long sym, cudaStream_t stream) {
+  static int per_sm = 0, sms = 0;  // the grid: as many blocks as fit at once (persistent), at most one a tile
+  if (per_sm == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, q4_mma<T, W, U>, W * 32, 0);
+    per_sm = per_sm > 0 ? per_sm : 1;
+  }
+  const int tiles = (n + 15) / 16, blocks = tiles < per_sm * sms ? tiles : per_sm * sms;
+  q4_mma<T, W, U><<<blocks, W * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const uint4*>(codes),
+                                                 static_cast<const uint2*>(scales), static_cast<const T*>(bias),
+                                                 static_cast<T*>(y), n, kt, m, sxm, sym);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
+                      int n, int kt, int m, long long sxm, long long sym, cudaStream_t s) {
+  switch (cfg) {  // (W warps per row tile, U column tiles per warp step): cuda_q4_mma.CONFIGS, in order
+    case 0: return launch<T, 4, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 1: return launch<T, 4, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 2: return launch<T, 8, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 3: return launch<T, 8, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 4: return launch<T, 2, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int q4_mma_configs() { return 5; }
+
+// dtype: 1 bfloat16, 2 float16 (activations, bias, output); m: activation rows, 1..8; kt: column tiles (K / 64).
+int q4_mma(int device, int dtype, int cfg, const void* x, const void* codes, const void* scales, const void* bias,
+           void* y, int n, int kt, int m, long long sxm, long long sym, void* stream) {
+  if (m < 1 || m > 8) return cudaErrorInvalidValue;
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) return e;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dtype == 1) return by_config<__nv_bfloat16>(cfg, x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+  if (dtype == 2) return by_config<__half>(cfg, x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+  return cudaErrorInvalidValue;
+}
+
+const char* q4_mma_error(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+}  // extern "C"

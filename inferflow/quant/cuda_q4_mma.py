@@ -1,0 +1,84 @@
+"""Q4_0 weights in the tensor-core GEMV's layout (``inferflow/native/q4_mma.cu``, which documents it) and its call.
+
+The layout is made once per weight on its device (``triton_soa.soa(..., make=repack)``: cached with the blocks,
+freed with them): 4.5 bits per weight, as the blocks, rows padded to whole 16-row tiles.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
+_DTYPE = {torch.bfloat16: 1, torch.float16: 2}
+MAX_ROWS = 8
+ROW_TILES_PER_PASS = 1024  # repack this many 16-row tiles at a time: bounded temporaries for a vocabulary head
+
+
+def _lanes(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) in the 16 x 64 tile of nibble j of word s of lane l: [32, 4, 8] each (see q4_mma.cu)."""
+    lane = torch.arange(32).view(32, 1, 1)
+    s = torch.arange(4).view(1, 4, 1)
+    j = torch.arange(8).view(1, 1, 8)
+    g, t, h, a = lane // 4, lane % 4, j // 4, j % 4
+    row = g + 8 * (a & 1)
+    col = 16 * s + 2 * t + h + 8 * (a >> 1)
+    return row.expand(32, 4, 8).to(device), col.expand(32, 4, 8).to(device)
+
+
+def repack(blocks: torch.Tensor, kind: str, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int32 [row tiles, column tiles, 32, 4], scales fp16 [row tiles, column tiles, 8, 4]) of Q4_0
+    ``blocks`` (uint8 [N, K / 32 * 18])."""
+    if kind != "q4_0":
+        raise ValueError(f"the tensor-core layout takes q4_0 blocks, not {kind}")
+    n, k = shape
+    if k % 64:
+        raise ValueError(f"the tensor-core layout needs K a multiple of 64, got {k}")
+    g, kt, rt = k // 32, k // 64, -(-n // 16)
+    b = blocks.reshape(n, g, 18)
+    rows, cols = _lanes(blocks.device)
+    codes = torch.empty(rt, kt, 32, 4, dtype=torch.int32, device=blocks.device)
+    scales = torch.empty(rt, kt, 8, 4, dtype=torch.float16, device=blocks.device)
+    for r0 in range(0, rt, ROW_TILES_PER_PASS):
+        r1 = min(rt, r0 + ROW_TILES_PER_PASS)
+        part = b[r0 * 16:r1 * 16]
+        pad = (r1 - r0) * 16 - part.shape[0]
+        if pad:  # zero codes and scales: rows past N add 0 and are never stored
+            part = torch.cat([part, part.new_zeros(pad, g, 18)])
+        d = part[:, :, :2].contiguous().view(torch.float16).reshape(r1 - r0, 2, 8, kt, 2)  # [tile, +8, g, kt, blk]
+        scales[r0:r1] = d.permute(0, 3, 2, 1, 4).reshape(r1 - r0, kt, 8, 4)
+        nib = part[:, :, 2:]
+        q = torch.cat([nib & 15, nib >> 4], dim=-1).reshape(r1 - r0, 16, kt, 64).permute(0, 2, 1, 3)
+        v = q[:, :, rows, cols]  # [tiles, kt, 32, 4, 8]: nibble j of each lane's word
+        packed = (v[..., 0::2] | (v[..., 1::2] << 4)).contiguous()  # byte i: nibbles 2i, 2i + 1
+        codes[r0:r1] = packed.view(torch.int32).reshape(r1 - r0, kt, 32, 4)
+    return codes, scales
+
+
+def supports(x2: torch.Tensor, kind: str, k: int) -> bool:
+    """bf16/fp16 activations, 1..8 rows with 4-byte aligned pairs, Q4_0, K a multiple of 64."""
+    return (kind == "q4_0" and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= MAX_ROWS and k % 64 == 0
+            and x2.stride(-1) == 1 and x2.data_ptr() % 4 == 0 and (x2.shape[0] == 1 or x2.stride(0) % 2 == 0))
+
+
+def gemv(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor) -> torch.Tensor:
+    """``out = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`)."""
+    stream = torch.cuda.current_stream(x2.device).cuda_stream
+    err = lib.q4_mma(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(), scales.data_ptr(),
+                     bias.data_ptr() if bias is not None else None, out.data_ptr(), n, codes.shape[1], x2.shape[0],
+                     x2.stride(0), out.stride(0), ctypes.c_void_p(stream))
+    if err:
+        raise RuntimeError(f"q4_mma launch failed: {lib.q4_mma_error(err).decode()}")
+    return out
+
+
+def bind(lib: ctypes.CDLL) -> None:
+    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    lib.q4_mma.argtypes = [i, i, i, p, p, p, p, p, i, i, i, ll, ll, p]
+    lib.q4_mma.restype = i
+    lib.q4_mma_error.argtypes = [i]
+    lib.q4_mma_error.restype = ctypes.c_char_p
+    lib.q4_mma_configs.restype = i
+    if lib.q4_mma_configs() != len(CONFIGS):
+        raise RuntimeError("q4_mma.cu and cuda_q4_mma.CONFIGS disagree on the launch configs")
