@@ -177,3 +177,23 @@ def test_tensor_core_operands():
     assert not cuda_q4_mma.supports(torch.empty(9, 512, dtype=torch.bfloat16), "q4_0", 512)
     assert not cuda_q4_mma.supports(x, "q4c", 512)  # fractional zero points: not exact as 16-bit floats
     assert not cuda_q4_mma.supports(x, "q4_0", 544)
+
+
+def test_bind_and_check(tmp_path):
+    # a stand-in library with the entry points' shape (built by the C compiler: the binding is what is tested)
+    import ctypes
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    src = tmp_path / "k.c"
+    src.write_text('int k(int a) { return a; }\nconst char* k_error(int c) { return c == 7 ? "bad launch" : "?"; }\n'
+                   'int k_configs(void) { return 3; }\n')
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "k.so"), str(src)], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "k.so"))
+    with pytest.raises(RuntimeError, match="k.cu has 3 launch configs, its Python side 4"):
+        cuda.bind(lib, "k", [ctypes.c_int], 4)
+    assert cuda.bind(lib, "k", [ctypes.c_int], 3) is lib and lib.k(5) == 5
+    cuda.check(lib, "k", lib.k(0))  # 0: no error
+    with pytest.raises(RuntimeError, match="k launch failed: bad launch"):
+        cuda.check(lib, "k", lib.k(7))

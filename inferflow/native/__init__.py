@@ -8,7 +8,8 @@ the compiler, so a rebuilt or moved machine compiles again. The library links ``
 torch is imported it shares torch's OpenMP runtime and thread pool (no second pool spinning against the first).
 
 No compiler, a failed build or ``INFERFLOW_NATIVE=0``: :func:`load` returns None, once warned, and every caller
-keeps its torch path.
+keeps its torch path. CUDA kernels (``<name>.cu``, built with ``nvcc``) load through :mod:`inferflow.native.cuda`,
+with the same cache (:func:`cached_build`).
 """
 from __future__ import annotations
 

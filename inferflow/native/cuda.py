@@ -76,3 +76,27 @@ def load(name: str, device: torch.device) -> ctypes.CDLL | None:
                               RuntimeWarning, stacklevel=2)
         _libs[key] = lib
         return lib
+
+
+def bind(lib: ctypes.CDLL, name: str, argtypes: list, configs: int) -> ctypes.CDLL:
+    """Type a kernel library's entry points once: ``<name>`` (returns a CUDA error code), ``<name>_error`` (its
+    message) and ``<name>_configs`` (the launch configs it was built with, checked against the caller's
+    ``configs``)."""
+    if getattr(lib, f"_bound_{name}", False):
+        return lib
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    err = getattr(lib, f"{name}_error")
+    err.argtypes, err.restype = [ctypes.c_int], ctypes.c_char_p
+    n = getattr(lib, f"{name}_configs")
+    n.restype = ctypes.c_int
+    if n() != configs:
+        raise RuntimeError(f"{name}.cu has {n()} launch configs, its Python side {configs}")
+    setattr(lib, f"_bound_{name}", True)
+    return lib
+
+
+def check(lib: ctypes.CDLL, name: str, code: int) -> None:
+    """Raise the launch error ``code`` of ``<name>`` (0: none) with CUDA's message."""
+    if code:
+        raise RuntimeError(f"{name} launch failed: {getattr(lib, f'{name}_error')(code).decode()}")

@@ -17,7 +17,14 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda_common.cuh"
+
 namespace {
+
+using inferflow_cuda::load_stream;
+using inferflow_cuda::store;
+using inferflow_cuda::to_float;
+using inferflow_cuda::word;
 
 template <typename T> __device__ __forceinline__ void load4(const T* p, bool ok, float (&v)[4]);
 
@@ -39,24 +46,6 @@ template <> __device__ __forceinline__ void load4<__half>(const __half* p, bool 
   v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
 }
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-
-// Streamed once per call: bypass L1 so the activations and scales stay there.
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 __device__ __forceinline__ uint32_t half_at(const uint4& v, int i) {  // 16-bit scale i of 8
   return (word(v, i >> 1) >> (16 * (i & 1))) & 0xffffu;
@@ -189,30 +178,22 @@ __global__ void __launch_bounds__(128) gemv4(const T* __restrict__ x, const uint
   }
 }
 
+template <typename T, int KIND, int R, int MP, bool EVEN>
+void start(const void* x, const void* codes, const void* scales, const void* tab, const void* bias, void* y, int n,
+           int k, int kw, long long sxm, long long sym, cudaStream_t stream) {
+  const int blocks = inferflow_cuda::persistent_blocks<gemv4<T, KIND, R, MP, EVEN>>(128, (n + 4 * R - 1) / (4 * R));
+  gemv4<T, KIND, R, MP, EVEN><<<blocks, 128, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const uint32_t*>(codes), static_cast<const uint16_t*>(scales),
+      static_cast<const float*>(tab), static_cast<const T*>(bias), static_cast<T*>(y), n, k, kw, sxm, sym);
+}
+
 template <typename T, int KIND, int R>
 cudaError_t launch(int mp, const void* x, const void* codes, const void* scales, const void* tab, const void* bias,
-                   void* y, int n, int k, int kw, long long sxm, long long sym, cudaStream_t stream) {
-  auto run = [&](auto kernel) {
-    // as many blocks as fit at once (the warps are persistent), no more than there are tiles
-    static int per_sm = 0, sms = 0;
-    if (per_sm == 0) {
-      int dev = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0);
-      per_sm = per_sm > 0 ? per_sm : 1;
-    }
-    const int tiles = (n + R - 1) / R, blocks = min((tiles + 3) / 4, per_sm * sms);
-    kernel<<<blocks, 128, 0, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(codes),
-                                       static_cast<const uint16_t*>(scales), static_cast<const float*>(tab),
-                                       static_cast<const T*>(bias), static_cast<T*>(y), n, k, kw, sxm, sym);
-  };
+                   void* y, int n, int k, int kw, long long sxm, long long sym, cudaStream_t s) {
   const bool even = (kw >> 5) % 4 == 0 && k == kw * 8 && n % R == 0;
-  if (even) {
-    if (mp == 1) run(gemv4<T, KIND, R, 1, true>); else run(gemv4<T, KIND, R, 2, true>);
-  } else {
-    if (mp == 1) run(gemv4<T, KIND, R, 1, false>); else run(gemv4<T, KIND, R, 2, false>);
-  }
+  auto go = even ? (mp == 1 ? start<T, KIND, R, 1, true> : start<T, KIND, R, 2, true>)
+                 : (mp == 1 ? start<T, KIND, R, 1, false> : start<T, KIND, R, 2, false>);
+  go(x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
   return cudaGetLastError();
 }
 

@@ -24,52 +24,47 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
+#include "cuda_common.cuh"
+
 namespace {
 
-template <typename T> struct Mma;
+using inferflow_cuda::load_stream;
+using inferflow_cuda::store;
+using inferflow_cuda::to_float;
+using inferflow_cuda::word;
 
-template <> struct Mma<__nv_bfloat16> {
-  static constexpr uint32_t magic = 0x43004300u;  // bf16 pair (128, 128)
-  static __device__ __forceinline__ uint32_t minus(uint32_t v) {  // v - (136, 136): q - 8, exact
-    __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&v), __nv_bfloat162(136.f, 136.f));
-    return *reinterpret_cast<uint32_t*>(&r);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+// The 16-bit pair type of T, the magic that makes a code q the float base + q, and base + 8.
+template <typename T> struct Pair;
+template <> struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static constexpr uint32_t magic = 0x43004300u;  // (128, 128)
+  static constexpr float base8 = 136.f;
+};
+template <> struct Pair<__half> {
+  using type = __half2;
+  static constexpr uint32_t magic = 0x64006400u;  // (1024, 1024)
+  static constexpr float base8 = 1032.f;
 };
 
-template <> struct Mma<__half> {
-  static constexpr uint32_t magic = 0x64006400u;  // fp16 pair (1024, 1024)
-  static __device__ __forceinline__ uint32_t minus(uint32_t v) {
-    __half2 r = __hsub2(*reinterpret_cast<__half2*>(&v), __half2(1032.f, 1032.f));
-    return *reinterpret_cast<uint32_t*>(&r);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
-};
-
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {  // read once: keep L1 for x and the scales
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
+template <typename T> __device__ __forceinline__ uint32_t minus(uint32_t v) {  // v - (base + 8): q - 8, exact
+  using P = typename Pair<T>::type;
+  P r = __hsub2(*reinterpret_cast<P*>(&v), P(Pair<T>::base8, Pair<T>::base8));
+  return *reinterpret_cast<uint32_t*>(&r);
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+#define INFERFLOW_MMA(TYPE)                                                                                 \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+               "{%8,%9}, {%0,%1,%2,%3};"                                                                    \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) INFERFLOW_MMA("f16"); else INFERFLOW_MMA("bf16");
 }
+#undef INFERFLOW_MMA
 
 template <typename T, int W, int U>
 __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const uint4* __restrict__ codes,
@@ -81,7 +76,7 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
   const int rt = (n + 15) >> 4;          // row tiles
   const int steps = (kt + W * U - 1) / (W * U);  // steps per row tile (every warp the same count)
   // in a register: (a & mask) | magic with two immediates is two LOP3s, with one a register it is one
-  const uint32_t magic = kt >= 0 ? Mma<T>::magic : 0u;
+  const uint32_t magic = kt >= 0 ? Pair<T>::magic : 0u;
   const T* xr = x + (g < m ? g : 0) * sxm;  // lane group g reads activation row g (rows >= m: zeros)
   const bool xrow = g < m;
   __shared__ float part[W][32][4];
@@ -126,14 +121,14 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
         for (int s = 2 * b; s < 2 * b + 2; ++s) {
           const uint32_t w = word(q[u], s);
           uint32_t a[4];
-          a[0] = Mma<T>::minus((w & 0x000F000Fu) | magic);
-          a[1] = Mma<T>::minus((w >> 4 & 0x000F000Fu) | magic);
-          a[2] = Mma<T>::minus((w >> 8 & 0x000F000Fu) | magic);
-          a[3] = Mma<T>::minus((w >> 12 & 0x000F000Fu) | magic);
+          a[0] = minus<T>((w & 0x000F000Fu) | magic);
+          a[1] = minus<T>((w >> 4 & 0x000F000Fu) | magic);
+          a[2] = minus<T>((w >> 8 & 0x000F000Fu) | magic);
+          a[3] = minus<T>((w >> 12 & 0x000F000Fu) | magic);
           const int k = c * 64 + 16 * s + 2 * t;
           const uint32_t b0 = xrow ? __ldg(reinterpret_cast<const uint32_t*>(xr + k)) : 0u;
           const uint32_t b1 = xrow ? __ldg(reinterpret_cast<const uint32_t*>(xr + k + 8)) : 0u;
-          Mma<T>::mma(part4, a, b0, b1);
+          mma<T>(part4, a, b0, b1);
         }
         const float dg = b == 0 ? d0.x : d0.y, dg8 = b == 0 ? d1.x : d1.y;
         acc[0] = __fmaf_rn(dg, part4[0], acc[0]);
@@ -156,8 +151,8 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
           const int row = tile * 16 + g + 8 * (i >> 1), col = 2 * t + (i & 1);
           if (col < m && row < n) {
             float o = v[i];
-            if (bias != nullptr) o += Mma<T>::to_float(bias[row]);
-            y[col * sym + row] = Mma<T>::from_float(o);
+            if (bias != nullptr) o += to_float(bias[row]);
+            store(y + col * sym + row, o);
           }
         }
       }
@@ -176,15 +171,7 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
 template <typename T, int W, int U>
 cudaError_t launch(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
                    int m, long long sxm, long long sym, cudaStream_t stream) {
-  static int per_sm = 0, sms = 0;  // the grid: as many blocks as fit at once (persistent), at most one a tile
-  if (per_sm == 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, q4_mma<T, W, U>, W * 32, 0);
-    per_sm = per_sm > 0 ? per_sm : 1;
-  }
-  const int tiles = (n + 15) / 16, blocks = tiles < per_sm * sms ? tiles : per_sm * sms;
+  const int blocks = inferflow_cuda::persistent_blocks<q4_mma<T, W, U>>(W * 32, (n + 15) / 16);  // a row tile each
   q4_mma<T, W, U><<<blocks, W * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const uint4*>(codes),
                                                  static_cast<const uint2*>(scales), static_cast<const T*>(bias),
                                                  static_cast<T*>(y), n, kt, m, sxm, sym);

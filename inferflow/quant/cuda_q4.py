@@ -38,16 +38,9 @@ def _lib(device: torch.device) -> ctypes.CDLL | None:
     from ..native import cuda
 
     lib = cuda.load("q4_gemv", device)
-    if lib is not None and not getattr(lib, "_typed", False):
+    if lib is not None:
         p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-        lib.q4_gemv.argtypes = [i, i, i, i, i, p, p, p, p, p, p, i, i, i, ll, ll, p]
-        lib.q4_gemv.restype = i
-        lib.q4_gemv_error.argtypes = [i]
-        lib.q4_gemv_error.restype = ctypes.c_char_p
-        lib.q4_gemv_configs.restype = i
-        if lib.q4_gemv_configs() != len(CONFIGS):
-            raise RuntimeError("q4_gemv.cu and cuda_q4.CONFIGS disagree on the launch configs")
-        lib._typed = True
+        cuda.bind(lib, "q4_gemv", [i, i, i, i, i, p, p, p, p, p, p, i, i, i, ll, ll, p], len(CONFIGS))
     return lib
 
 
@@ -63,6 +56,8 @@ def supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
 def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int, k: int,
          bias: torch.Tensor | None, cfg: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``y = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`)."""
+    from ..native import cuda
+
     lib = _lib(x2.device)
     if lib is None:
         raise RuntimeError("the CUDA q4 GEMV is not available here")
@@ -72,8 +67,7 @@ def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch
     err = lib.q4_gemv(x2.device.index or 0, _DTYPE[x2.dtype], _KIND[kind], cfg, m, x2.data_ptr(), codes.data_ptr(),
                       scales.data_ptr(), tab.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
                       n, k, codes.shape[1], x2.stride(0), y.stride(0), ctypes.c_void_p(stream))
-    if err:
-        raise RuntimeError(f"q4_gemv launch failed: {lib.q4_gemv_error(err).decode()}")
+    cuda.check(lib, "q4_gemv", err)
     return y
 
 
@@ -82,9 +76,8 @@ def _mma_lib(device: torch.device) -> ctypes.CDLL | None:
     from . import cuda_q4_mma
 
     lib = cuda.load("q4_mma", device)
-    if lib is not None and not getattr(lib, "_typed", False):
-        cuda_q4_mma.bind(lib)
-        lib._typed = True
+    if lib is not None:
+        cuda.bind(lib, "q4_mma", cuda_q4_mma.ARGTYPES, len(cuda_q4_mma.CONFIGS))
     return lib
 
 

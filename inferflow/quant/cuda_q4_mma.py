@@ -9,9 +9,13 @@ import ctypes
 
 import torch
 
+from ..native import cuda
+
 CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
 MAX_ROWS = 8
+_P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _LL, _LL, _P]  # q4_mma(): see q4_mma.cu
 ROW_TILES_PER_PASS = 1024  # repack this many 16-row tiles at a time: bounded temporaries for a vocabulary head
 
 
@@ -68,17 +72,5 @@ def gemv(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.
     err = lib.q4_mma(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(), scales.data_ptr(),
                      bias.data_ptr() if bias is not None else None, out.data_ptr(), n, codes.shape[1], x2.shape[0],
                      x2.stride(0), out.stride(0), ctypes.c_void_p(stream))
-    if err:
-        raise RuntimeError(f"q4_mma launch failed: {lib.q4_mma_error(err).decode()}")
+    cuda.check(lib, "q4_mma", err)
     return out
-
-
-def bind(lib: ctypes.CDLL) -> None:
-    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-    lib.q4_mma.argtypes = [i, i, i, p, p, p, p, p, i, i, i, ll, ll, p]
-    lib.q4_mma.restype = i
-    lib.q4_mma_error.argtypes = [i]
-    lib.q4_mma_error.restype = ctypes.c_char_p
-    lib.q4_mma_configs.restype = i
-    if lib.q4_mma_configs() != len(CONFIGS):
-        raise RuntimeError("q4_mma.cu and cuda_q4_mma.CONFIGS disagree on the launch configs")
