@@ -197,3 +197,18 @@ def test_bind_and_check(tmp_path):
     cuda.check(lib, "k", lib.k(0))  # 0: no error
     with pytest.raises(RuntimeError, match="k launch failed: bad launch"):
         cuda.check(lib, "k", lib.k(7))
+
+
+def test_kernel_sources_ship_in_the_wheel():
+    # every kernel source and header next to native/__init__.py matches the package-data patterns (a missing
+    # header only shows on an installed copy, as a failed build)
+    import fnmatch
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    root = repo / "inferflow" / "native"
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["inferflow.native"]
+    sources = [p.name for p in root.iterdir() if p.is_file() and p.suffix in (".c", ".h", ".cu", ".cuh")]
+    assert {"q4_gemv.cu", "q4_mma.cu", "cuda_common.cuh", "step.c"} <= set(sources)
+    assert [s for s in sources if not any(fnmatch.fnmatch(s, pat) for pat in patterns)] == []
