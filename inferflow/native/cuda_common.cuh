@@ -26,10 +26,10 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// The grid of a persistent kernel: as many blocks as are resident at once (measured once per kernel), at most
-// `work` (one block per unit of work beyond that would only wait).
+// Blocks of `Kernel` (launched with `threads` threads, always the same for one kernel) resident at once on the
+// device: measured once per kernel (a racing second caller measures the same number).
 template <auto Kernel>
-int persistent_blocks(int threads, int work) {
+int resident_blocks(int threads) {
   static int resident = 0;
   if (resident == 0) {
     int dev = 0, sms = 0, per_sm = 0;
@@ -38,7 +38,18 @@ int persistent_blocks(int threads, int work) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, 0);
     resident = (per_sm > 0 ? per_sm : 1) * sms;
   }
-  return work < resident ? work : resident;
+  return resident;
+}
+
+// The grid of a persistent kernel over `work` units, `per` units per block at a time: the fewest blocks that
+// take an equal number of turns (at most the resident ones). With one block per resident slot, some blocks would
+// do one turn more than the rest and leave the SMs idle meanwhile (ncu: 28% of a GEMV's time).
+template <auto Kernel>
+int balanced_blocks(int threads, int work, int per) {
+  const int slots = resident_blocks<Kernel>(threads) * per;
+  const int turns = (work + slots - 1) / slots;
+  const int blocks = (work + turns * per - 1) / (turns * per);
+  return blocks > 0 ? blocks : 1;
 }
 
 }  // namespace inferflow_cuda

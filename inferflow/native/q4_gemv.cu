@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(128) gemv4(const T* __restrict__ x, const uint
 template <typename T, int KIND, int R, int MP, bool EVEN>
 void start(const void* x, const void* codes, const void* scales, const void* tab, const void* bias, void* y, int n,
            int k, int kw, long long sxm, long long sym, cudaStream_t stream) {
-  const int blocks = inferflow_cuda::persistent_blocks<gemv4<T, KIND, R, MP, EVEN>>(128, (n + 4 * R - 1) / (4 * R));
+  const int blocks = inferflow_cuda::balanced_blocks<gemv4<T, KIND, R, MP, EVEN>>(128, (n + R - 1) / R, 4);
   gemv4<T, KIND, R, MP, EVEN><<<blocks, 128, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const uint32_t*>(codes), static_cast<const uint16_t*>(scales),
       static_cast<const float*>(tab), static_cast<const T*>(bias), static_cast<T*>(y), n, k, kw, sxm, sym);
