@@ -94,4 +94,4 @@ def test_bench_gpu_doc_section(tmp_path):
     assert "python tools/bench_gpu.py --out o" in text and "| decode tok/s, batch 1 | 190.0 | 150.0 | 1.27 |" in text
     assert "top-1 4/4" in text and "plain 0.0078" in text and "Machine:" in text
     assert "| q4 decode tok/s, batch 1 (bf16 in the same phase: 230.0) | 345.0 | | 1.50 x bf16 |" in text
-    assert "| q4 decode tok/s, batch 1, Triton GEMV only (`--q4-ab`) | 310.5 | | 1.35 x bf16 |" in text
+    assert "| q4 decode tok/s, batch 1, Triton kernels only (`--q4-ab`) | 310.5 | | 1.35 x bf16 |" in text

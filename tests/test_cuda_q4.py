@@ -50,10 +50,15 @@ def test_operands_it_takes():
 
     assert supports(x) and supports(x[:1])
     assert supports(torch.empty(1, 512, dtype=torch.float32))
-    assert not supports(torch.empty(3, 512, dtype=torch.bfloat16))          # 3 rows: the tl.dot GEMM
+    assert supports(torch.empty(3, 512, dtype=torch.bfloat16))              # 3-64 rows: the tensor cores
+    assert supports(torch.empty(64, 512, dtype=torch.bfloat16))
+    assert not supports(torch.empty(65, 512, dtype=torch.bfloat16))         # more: Triton's tl.dot GEMM
+    assert not supports(torch.empty(3, 512, dtype=torch.float32))           # ... and for float32 above 2 rows
+    assert not supports(torch.empty(3, 512, dtype=torch.bfloat16), kind="q4c")  # inferflow q4: FMA only
     assert not supports(x, kind="q8_0")                                    # 8-bit: Triton's GEMV
     assert not supports(x, ptr=4098)                                       # not 16-byte aligned
-    assert not supports(torch.empty(2, 516, dtype=torch.bfloat16)[:, :512])  # rows 1032 bytes apart
+    assert not supports(torch.empty(2, 514, dtype=torch.float32)[:, :512])  # rows 2056 bytes apart
+    assert supports(torch.empty(2, 516, dtype=torch.bfloat16)[:, :512])  # the tensor-core GEMV reads 4-byte pairs
     assert not supports(x, bias=torch.empty(8, dtype=torch.float32))       # bias of another dtype
     assert supports(x, bias=torch.empty(8, dtype=torch.bfloat16))
 
@@ -99,7 +104,7 @@ def test_cached_build(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q4"])
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 37])
 def test_matmul(name, m, request):
     if DEVICE == "cpu":  # Triton's interpreter on, before triton is first imported (when this file runs alone)
         request.getfixturevalue("triton_interpreter")
@@ -119,16 +124,18 @@ def test_matmul(name, m, request):
         tab = triton_kernels._scale_table(x.device)
         kind = "q4c" if name == "q4" else name
         out = torch.empty(m, n, device=DEVICE)
-        for cfg in range(len(cuda_q4.CONFIGS)):  # every launch config, not only the one the timing picked
+        for cfg in range(len(cuda_q4.CONFIGS) if m <= 2 else 0):  # every launch config, not only the timed pick
             y = cuda_q4.run(("fma", cfg), x, blocks, codes, scales, tab, kind, n, k, bias, out)
             assert (y.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
         if kind == "q4_0":  # the tensor cores: bf16 activations (the reference takes them as rounded)
             xb, bb = x.bfloat16(), bias.bfloat16()
             refb = xb.double() @ p.dequantize().double().t().to(DEVICE) + bb.double()
             out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)
-            for cfg in range(len(cuda_q4_mma.CONFIGS)):
-                y = cuda_q4.run(("mma", cfg), xb, blocks, codes, scales, tab, kind, n, k, bb, out)
-                assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item()
+            cands = [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS) if m <= cuda_q4_mma.MAX_ROWS else 0)]
+            cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+            for cand in cands:
+                y = cuda_q4.run(cand, xb, blocks, codes, scales, tab, kind, n, k, bb, out)
+                assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item(), cand
 
 
 def test_tensor_core_layout_round_trip():
@@ -177,6 +184,13 @@ def test_tensor_core_operands():
     assert not cuda_q4_mma.supports(torch.empty(9, 512, dtype=torch.bfloat16), "q4_0", 512)
     assert not cuda_q4_mma.supports(x, "q4c", 512)  # fractional zero points: not exact as 16-bit floats
     assert not cuda_q4_mma.supports(x, "q4_0", 544)
+    # the GEMM: up to 64 rows, each starting 16 bytes after the last (its cp.async copies)
+    big = torch.empty(64, 512, dtype=torch.bfloat16)
+    assert cuda_q4_mma.rows_supports(big, "q4_0", 512) and cuda_q4_mma.rows_supports(big[:3], "q4_0", 512)
+    assert not cuda_q4_mma.rows_supports(torch.empty(65, 512, dtype=torch.bfloat16), "q4_0", 512)
+    assert not cuda_q4_mma.rows_supports(torch.empty(4, 516, dtype=torch.bfloat16)[:, :512], "q4_0", 512)
+    assert not cuda_q4_mma.rows_supports(big.float(), "q4_0", 512)
+    assert not cuda_q4_mma.rows_supports(big, "q4c", 512)
 
 
 def test_bind_and_check(tmp_path):
@@ -210,5 +224,23 @@ def test_kernel_sources_ship_in_the_wheel():
     pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["inferflow.native"]
     sources = [p.name for p in root.iterdir() if p.is_file() and p.suffix in (".c", ".h", ".cu", ".cuh")]
-    assert {"q4_gemv.cu", "q4_mma.cu", "cuda_common.cuh", "step.c"} <= set(sources)
+    assert {"q4_gemv.cu", "q4_mma.cu", "q4_mma_rows.cu", "q4_mma.cuh", "cuda_common.cuh", "step.c"} <= set(sources)
     assert [s for s in sources if not any(fnmatch.fnmatch(s, pat) for pat in patterns)] == []
+
+
+def test_gemm_never_set_up_inside_a_capture(monkeypatch):
+    # inside a CUDA-graph capture nothing is made: the GEMM's workspace (its counters' zeros would only be a node
+    # of that graph) and a weight's tensor-core layout (the graph would replay the repack); the call then returns
+    # None and the matmul runs Triton's kernel instead
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(cuda_q4_mma, "_workspaces", {})
+    assert cuda_q4_mma.workspace(torch.device("cpu")) is None
+    p = formats.quantize(torch.randn(16, 256), "q4_0")
+    x = torch.randn(3, 256).bfloat16()
+    codes, scales = triton_soa.soa(p.data, "q4_0", (16, 256))
+    assert cuda_q4.run(("rows", 0), x, p.data, codes, scales, None, "q4_0", 16, 256, None, None) is None
+    assert triton_soa.cached(p.data, "q4_0", (16, 256), make=cuda_q4_mma.repack) is None  # nothing repacked
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ws, counters = cuda_q4_mma.workspace(torch.device("cpu"))  # eager: made once, counters zero
+    assert ws.numel() == cuda_q4_mma.WORKSPACE_FLOATS and not counters.any()
+    assert cuda_q4_mma.workspace(torch.device("cpu"))[0] is ws

@@ -69,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q4", action="store_true")
     ap.add_argument("--q4-format", default="q4_0", help="load-time format of --q4: q4_0 (llama.cpp Q4_0 blocks, "
                     "quick to make) or q4 (inferflow's searched q4: minutes for an 8B model)")
-    ap.add_argument("--q4-ab", action="store_true", help="with --q4: also a q4 engine on the Triton GEMV only "
+    ap.add_argument("--q4-ab", action="store_true", help="with --q4: also a q4 engine on Triton's kernels only "
                     "(INFERFLOW_CUDA_KERNELS=0 while it captures its graphs), interleaved")
     ap.add_argument("--serving", type=int, default=256, help="requests of the engine serving load (0: skip)")
+    ap.add_argument("--phases", default="prefill,graphs,serving,decode,q4",
+                    help="the parts to run after the checks (q4 also needs --q4)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--doc", help="markdown file whose <!-- bench_gpu --> section gets the table (with the command, "
@@ -158,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"prefill round {r + 1}: {ps['inferflow'][-1]:.0f} vs {ps['hf'][-1]:.0f} tok/s")
         res["prefill"] = {k: {"tps": statistics.median(v), "samples": v} for k, v in ps.items()}
 
-    phase("prefill", prefill)
+    phases = set(args.phases.split(","))
+    if "prefill" in phases:
+        phase("prefill", prefill)
 
     dprompts = {b: rand(b, args.prompt_len) for b in batches}
     for b in batches:  # warm-up: graphs captured, kernels compiled
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         res["serving"] = ours_serving(eng, rand(args.serving, 512), 256, device)
         log(f"serving {res['serving']}")
 
-    if args.serving and left() > 200:
+    if args.serving and "serving" in phases and left() > 200:
         phase("serving", serving)
 
 
@@ -211,14 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"graphs vs eager {res['graphs_vs_eager_leading_same']} b4 {res['batch4_tps_graphs_vs_eager']} "
             f"b1 {res['batch1_tps_graphs_vs_eager']}")
 
-    if left() > 170:
+    if "graphs" in phases and left() > 170:
         phase("graphs_vs_eager", graphs_vs_eager)
 
     def decode() -> None:
         decode_vs_hf(args, res, eng, hf, dprompts, batches, device, left, log)
 
-    phase("decode", decode)
-    if args.q4 and left() > 60:  # last: a slow quantization must not cost the other numbers
+    if "decode" in phases:
+        phase("decode", decode)
+    if args.q4 and "q4" in phases and left() > 60:  # last: a slow quantization must not cost the other numbers
         phase("q4", q4)
 
     text = table(res, batches)

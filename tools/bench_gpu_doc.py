@@ -54,8 +54,8 @@ def table(res: dict, batches: list[int]) -> str:
             v, base = q4[f"q4 b{b}"]["tps"], q4[f"bf16 b{b}"]["tps"]
             rows.append(f"| q4 decode tok/s, batch {b} (bf16 in the same phase: {base:.1f}) | {v:.1f} | | "
                         f"{v / base:.2f} x bf16 |")
-        if f"q4 triton b{b}" in q4:  # --q4-ab: the same q4 model with Triton's GEMV only, interleaved
+        if f"q4 triton b{b}" in q4:  # --q4-ab: the same q4 model with Triton's kernels only, interleaved
             t = q4[f"q4 triton b{b}"]["tps"]
-            rows.append(f"| q4 decode tok/s, batch {b}, Triton GEMV only (`--q4-ab`) | {t:.1f} | | "
+            rows.append(f"| q4 decode tok/s, batch {b}, Triton kernels only (`--q4-ab`) | {t:.1f} | | "
                         f"{t / base:.2f} x bf16 |")
     return "\n".join(rows)

@@ -1,13 +1,14 @@
-"""The CUDA 4-bit GEMV (native/q4_gemv.cu) against Triton's gemv4 on Qwen3-8B shapes: correctness, then time.
+"""The CUDA 4-bit kernels (native/q4_gemv.cu, q4_mma.cu, q4_mma_rows.cu) against Triton's gemv4 (1-2 rows) or
+gemm4 (more) on Qwen3-8B shapes: correctness, then time.
 
-    python3 tools/bench_q4_cuda_gpu.py [--shapes qkv,o,gate_up,down,head] [--rows 1,2] [--dtype bfloat16]
+    python3 tools/bench_q4_cuda_gpu.py [--shapes qkv,o,gate_up,down,head] [--rows 1,2,16,64] [--dtype bfloat16]
 
-Checks first: for q4_0 (random blocks) and inferflow q4 (q4c, a quantized random weight), M = 1 and 2, float32
-and bf16 activations, with and without a bias, every launch config of the CUDA kernel against the float64 product
-with the torch-decoded weight (relative to its largest output), and through ``triton_kernels.matmul`` (the
-engine's path, which picks a config by timing). Then, per shape: in-graph microseconds per call with L2 flushed
-between calls (triton_q4._flushed_graph_ms, as the autotuners time), Triton's autotuned gemv4 and each CUDA
-config, medians of 3, and the weight bytes read per second.
+Checks first: for q4_0 (random blocks) and inferflow q4 (q4c, a quantized random weight), M = 1 to 64, float32
+and bf16 activations, with and without a bias, every launch config of every CUDA kernel that takes the operands
+against the float64 product with the torch-decoded weight (relative to its largest output), and through
+``triton_kernels.matmul`` (the engine's path, which picks a config by timing). Then, per shape: in-graph
+microseconds per call with L2 flushed between calls (triton_q4._flushed_graph_ms, as the autotuners time), Triton's
+autotuned kernel, each CUDA config and cuBLAS on the bf16 weight, medians of 3, and the weight bytes read per second.
 """
 import argparse
 import ctypes
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inferflow.quant import cuda_q4, cuda_q4_mma, formats, ggml, triton_kernels, triton_q4, triton_soa  # noqa: E402
+from inferflow.quant import (cuda_q4, cuda_q4_mma, formats, ggml, triton_kernels, triton_q4,  # noqa: E402
+                             triton_q4_gemm, triton_soa)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "head": (151936, 4096)}
@@ -31,11 +33,13 @@ def q4_0_blocks(n: int, k: int) -> torch.Tensor:
     return b.reshape(n, nb * 18)
 
 
-def check() -> None:
+def check(engine: bool = True) -> None:
+    """Every CUDA config against float64; with ``engine``, also the engine's matmul (which autotunes Triton for
+    each new row count: minutes of compiling)."""
     tab = triton_kernels._scale_table(torch.device("cuda"))
     q4 = formats.get("q4")
     shapes = (("q4_0", (1000, 4096)), ("q4_0", (300, 832)), ("q4_0", (200, 960)), ("q4c", (520, 1312)))
-    for kind, (n, k) in shapes:
+    for kind, (n, k) in shapes if engine else shapes[:3]:
         if kind == "q4_0":
             blocks, qtype = q4_0_blocks(n, k), ggml.Q4_0
             w = ggml.dequantize(blocks.cpu(), qtype, (n, k)).double().cuda()
@@ -45,7 +49,7 @@ def check() -> None:
             w = p.dequantize().double().cuda()
         codes, scales = triton_soa.soa(blocks, kind, (n, k))
         for dtype in (torch.float32, torch.bfloat16):
-            for m in (1, 2, 5):  # 5: the tensor-core kernel's rows beyond the FMA kernel's 2
+            for m in (1, 2, 5, 16, 37, 64):  # beyond 2: the tensor-core kernels only
                 for with_bias in (False, True):
                     x = torch.randn(m, k, device="cuda").to(dtype)
                     bias = torch.randn(n, device="cuda").to(dtype) if with_bias else None
@@ -53,20 +57,38 @@ def check() -> None:
                     scale = ref.abs().max().item()
                     errs = []
                     out = torch.empty(m, n, device="cuda", dtype=dtype)
-                    cands = [("fma", c) for c in range(len(cuda_q4.CONFIGS))] if m <= 2 else []
-                    if cuda_q4_mma.supports(x, kind, k):
-                        cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+                    cands = candidates(x, kind, k)
                     for cand in cands:
                         y = cuda_q4.run(cand, x, blocks, codes, scales, tab, kind, n, k, bias, out)
                         errs.append((y.double() - ref).abs().max().item() / scale)
-                    y = triton_kernels.matmul(x, blocks, qtype, (n, k), bias)
-                    errs.append((y.double() - ref).abs().max().item() / scale)
-                    if len(errs) == 1:
+                    if engine:
+                        y = triton_kernels.matmul(x, blocks, qtype, (n, k), bias)
+                        errs.append((y.double() - ref).abs().max().item() / scale)
+                    if len(errs) == int(engine):
                         continue  # no CUDA kernel takes these rows
                     limit = 1e-5 if dtype == torch.float32 else 8e-3
+                    worst = max(errs[:-1] if engine else errs)
                     print(f"check {kind} {n}x{k} {str(dtype)[6:]} M={m} bias={with_bias}: max rel err "
-                          f"{max(errs[:-1]):.2e} (configs), {errs[-1]:.2e} (matmul)"
+                          f"{worst:.2e} (configs){f', {errs[-1]:.2e} (matmul)' if engine else ''}"
                           f"{'' if max(errs) <= limit else '  FAILED'}", flush=True)
+
+
+def candidates(x: torch.Tensor, kind: str, k: int) -> list[tuple[str, int]]:
+    """Every launch config of every CUDA kernel that takes these operands."""
+    cands = [("fma", c) for c in range(len(cuda_q4.CONFIGS))] if cuda_q4._fma_supports(x, kind) else []
+    if cuda_q4_mma.supports(x, kind, k):
+        cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+    if cuda_q4_mma.rows_supports(x, kind, k):
+        cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+    return cands
+
+
+def label(cand: tuple[str, int]) -> str:
+    if cand[0] == "fma":
+        return f"fma R={cuda_q4.CONFIGS[cand[1]]}"
+    if cand[0] == "mma":
+        return "mma W={},U={}".format(*cuda_q4_mma.CONFIGS[cand[1]])
+    return "rows R={},W={}".format(*cuda_q4_mma.ROWS_CONFIGS[cand[1]])
 
 
 def _reader():
@@ -105,9 +127,11 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--kernel-check", action="store_true", help="check the CUDA kernels only, not the engine's "
+                    "matmul (no Triton autotuning)")
     a = ap.parse_args()
     if not a.no_check:
-        check()
+        check(engine=not a.kernel_check)
     dtype = getattr(torch, a.dtype)
     tab = triton_kernels._scale_table(torch.device("cuda"))
     for name in a.shapes.split(","):
@@ -122,20 +146,27 @@ def main() -> None:
             ws, cnt = triton_soa._split_buffers(x.device)
 
             def tri():
-                triton_q4.gemv4[lambda meta: (-(-n // meta["BLOCK_N"]), meta["SPLIT"])](
-                    x, codes, scales, tab, y, y, ws, cnt, n, k, codes.shape[1], x.stride(0), y.stride(0),
-                    HAS_BIAS=False, KIND=2, MP=m)
+                if m <= triton_soa.FMA_MAX_ROWS:
+                    triton_q4.gemv4[lambda meta: (-(-n // meta["BLOCK_N"]), meta["SPLIT"])](
+                        x, codes, scales, tab, y, y, ws, cnt, n, k, codes.shape[1], x.stride(0), y.stride(0),
+                        HAS_BIAS=False, KIND=2, MP=m)
+                else:
+                    triton_q4_gemm.gemm4[lambda meta: (-(-n // meta["BLOCK_N"]), -(-m // meta["BLOCK_M"]))](
+                        x, codes, scales, tab, y, y, m, n, k, codes.shape[1], x.stride(0), y.stride(0),
+                        1 << (m - 1).bit_length(), HAS_BIAS=False, KIND=2, IEEE=x.dtype == torch.float32)
             tri()
             res = [("triton", statistics.median(triton_q4._flushed_graph_ms(tri) for _ in range(3)) * 1e3)]
-            cands = [(("fma", c), f"fma R={r}") for c, r in enumerate(cuda_q4.CONFIGS)]
-            cands += [(("mma", c), f"mma W={w},U={u}") for c, (w, u) in enumerate(cuda_q4_mma.CONFIGS)
-                      if cuda_q4_mma.supports(x, "q4_0", k)]
-            for cand, label in cands:
+            for cand in candidates(x, "q4_0", k):
                 def cu(cand=cand):
                     cuda_q4.run(cand, x, blocks, codes, scales, tab, "q4_0", n, k, None, y)
                 cu()
-                res.append((label, statistics.median(triton_q4._flushed_graph_ms(cu) for _ in range(3)) * 1e3))
-            best = min(res[1:], key=lambda r: r[1])
+                res.append((label(cand), statistics.median(triton_q4._flushed_graph_ms(cu) for _ in range(3)) * 1e3))
+            if x.dtype != torch.float32:  # the bf16 weight's cuBLAS matmul: what the q4 kernels replace
+                def mm(dense=torch.randn(n, k, device="cuda", dtype=x.dtype)):
+                    torch.mm(x, dense.t(), out=y)
+                res.append(("cublas", statistics.median(triton_q4._flushed_graph_ms(mm) for _ in range(3)) * 1e3))
+                del mm
+            best = min((r for r in res[1:] if r[0] != "cublas"), key=lambda r: r[1])
             line = "  ".join(f"{lbl} {t:.1f}" for lbl, t in res)
             ceiling = f", read-only {gb / read_us:.2f} TB/s" if read_us else ""
             print(f"{name} {n}x{k} M={m}: {line}  | triton {gb / res[0][1]:.2f} TB/s, best {best[0]} "

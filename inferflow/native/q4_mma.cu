@@ -31,9 +31,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "cuda_common.cuh"
+#include "q4_mma.cuh"
 
 namespace {
 
@@ -41,37 +40,10 @@ using inferflow_cuda::load_stream;
 using inferflow_cuda::store;
 using inferflow_cuda::to_float;
 using inferflow_cuda::word;
-
-// The 16-bit pair type of T, the magic that makes a code q the float base + q, and base + 8.
-template <typename T> struct Pair;
-template <> struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static constexpr uint32_t magic = 0x43004300u;  // (128, 128)
-  static constexpr float base8 = 136.f;
-};
-template <> struct Pair<__half> {
-  using type = __half2;
-  static constexpr uint32_t magic = 0x64006400u;  // (1024, 1024)
-  static constexpr float base8 = 1032.f;
-};
-
-template <typename T> __device__ __forceinline__ uint32_t minus(uint32_t v) {  // v - (base + 8): q - 8, exact
-  using P = typename Pair<T>::type;
-  P r = __hsub2(*reinterpret_cast<P*>(&v), P(Pair<T>::base8, Pair<T>::base8));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-
-#define INFERFLOW_MMA(TYPE)                                                                                 \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
-               "{%8,%9}, {%0,%1,%2,%3};"                                                                    \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                             \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-
-template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                          uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) INFERFLOW_MMA("f16"); else INFERFLOW_MMA("bf16");
-}
-#undef INFERFLOW_MMA
+using inferflow_cuda::fragment;
+using inferflow_cuda::mma;
+using inferflow_cuda::Pair;
+using inferflow_cuda::tile_scales;
 
 // The row tile's last step: the W warps' partials summed in a fixed order through shared memory, stored.
 template <typename T, int W>
@@ -124,19 +96,18 @@ __device__ __forceinline__ Operands direct(const T* xr, bool xrow, int c, int t)
 template <typename T>
 __device__ __forceinline__ void tile_mma(const uint4& q, const uint2& sc, const Operands& op, uint32_t magic,
                                          float (&acc)[4]) {
-  const float2 d0 = __half22float2(*reinterpret_cast<const __half2*>(&sc.x));  // (row g: block 0, 1)
-  const float2 d1 = __half22float2(*reinterpret_cast<const __half2*>(&sc.y));  // (row g + 8: block 0, 1)
+  float2 d[2];
+  tile_scales(sc, d);
 #pragma unroll
   for (int blk = 0; blk < 2; ++blk) {  // the tile's two 32-column blocks, two k-steps each
     float part4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 2 * blk; s < 2 * blk + 2; ++s) {
-      const uint32_t w = word(q, s);
-      const uint32_t a[4] = {minus<T>((w & 0x000F000Fu) | magic), minus<T>((w >> 4 & 0x000F000Fu) | magic),
-                             minus<T>((w >> 8 & 0x000F000Fu) | magic), minus<T>((w >> 12 & 0x000F000Fu) | magic)};
+      uint32_t a[4];
+      fragment<T>(word(q, s), magic, a);
       mma<T>(part4, a, op.b[2 * s], op.b[2 * s + 1]);
     }
-    const float dg = blk == 0 ? d0.x : d0.y, dg8 = blk == 0 ? d1.x : d1.y;
+    const float dg = blk == 0 ? d[0].x : d[0].y, dg8 = blk == 0 ? d[1].x : d[1].y;
     acc[0] = __fmaf_rn(dg, part4[0], acc[0]);
     acc[1] = __fmaf_rn(dg, part4[1], acc[1]);
     acc[2] = __fmaf_rn(dg8, part4[2], acc[2]);

@@ -1,4 +1,5 @@
-"""The CUDA 4-bit decode kernels, chosen per shape against Triton's ``gemv4`` for 1-2 activation rows.
+"""The CUDA 4-bit decode kernels, chosen per shape against Triton's ``gemv4`` (1-2 activation rows) or ``gemm4``
+(3-64 rows).
 
 - ``fma`` (``inferflow/native/q4_gemv.cu``): q4_0 and inferflow q4 on quant/triton_soa.py's layout, the same exact
   float32 decode as ``gemv4`` (bit-identical weights), but persistent warps that keep the next work item's codes
@@ -6,6 +7,8 @@
 - ``mma`` (``inferflow/native/q4_mma.cu``, layout in cuda_q4_mma.py): q4_0 with bf16/fp16 activations on the
   tensor cores (exact q - 8 as 16-bit floats, float32 sums, the block scale applied to each block's sum). Its own
   copy of the weight, made only for weights where some key picked it.
+- ``rows`` (``inferflow/native/q4_mma_rows.cu``): the same layout and decode for up to 64 rows (batched decode),
+  activations staged in shared memory and shared by a block's warps, split K where row groups are few.
 
 Selection: the first eager call of a (rows, N, K, kind, dtype, bias) key, outside a CUDA-graph capture, checks
 every launch config of both against Triton's result, times them and Triton's autotuned pick as CUDA-graph replays
@@ -44,13 +47,21 @@ def _lib(device: torch.device) -> ctypes.CDLL | None:
     return lib
 
 
+def _fma_supports(x2: torch.Tensor, kind: str) -> bool:
+    """The FMA kernel's operands: 1-2 rows of float32/bf16/fp16 with 16-byte aligned rows (its vector loads)."""
+    return (kind in _KIND and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= 2 and x2.stride(-1) == 1
+            and x2.data_ptr() % 16 == 0 and (x2.shape[0] == 1 or (x2.stride(0) * x2.element_size()) % 16 == 0))
+
+
 def supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
-    """Whether the kernel takes these operands: 1-2 rows of float32/bf16/fp16 with 16-byte aligned rows (its
-    vector loads), a bias of the same dtype."""
-    return (x2.device.type == "cuda" and kind in _KIND and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= 2
-            and x2.stride(-1) == 1 and x2.data_ptr() % 16 == 0
-            and (x2.shape[0] == 1 or (x2.stride(0) * x2.element_size()) % 16 == 0)
-            and (bias is None or (bias.dtype == x2.dtype and bias.is_contiguous())))
+    """Whether some CUDA kernel takes these operands (``x2`` [M, K] on a GPU, a bias of its dtype): the FMA kernel
+    (1-2 rows, see :func:`_fma_supports`) or the tensor-core ones (Q4_0, bf16/fp16, up to 64 rows)."""
+    from . import cuda_q4_mma
+
+    k = x2.shape[-1]
+    return (x2.device.type == "cuda" and (bias is None or (bias.dtype == x2.dtype and bias.is_contiguous()))
+            and (_fma_supports(x2, kind) or cuda_q4_mma.supports(x2, kind, k)
+                 or cuda_q4_mma.rows_supports(x2, kind, k)))
 
 
 def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int, k: int,
@@ -71,21 +82,25 @@ def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch
     return y
 
 
-def _mma_lib(device: torch.device) -> ctypes.CDLL | None:
+def _mma_lib(device: torch.device, name: str = "q4_mma") -> ctypes.CDLL | None:
+    """The tensor-core GEMV (``q4_mma``) or GEMM (``q4_mma_rows``) library, bound, or None."""
     from ..native import cuda
     from . import cuda_q4_mma
 
-    lib = cuda.load("q4_mma", device)
+    lib = cuda.load(name, device)
     if lib is not None:
-        cuda.bind(lib, "q4_mma", cuda_q4_mma.ARGTYPES, len(cuda_q4_mma.CONFIGS))
+        if name == "q4_mma":
+            cuda.bind(lib, name, cuda_q4_mma.ARGTYPES, len(cuda_q4_mma.CONFIGS))
+        else:
+            cuda.bind(lib, name, cuda_q4_mma.ROWS_ARGTYPES, len(cuda_q4_mma.ROWS_CONFIGS))
     return lib
 
 
 def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
            kind: str, n: int, k: int, bias: torch.Tensor | None,
            triton_call: Callable[[], torch.Tensor]) -> tuple[str, int]:
-    """The cached choice for this key, timed at the first eager call: (TRITON, 0), ("fma", config) or ("mma",
-    config)."""
+    """The cached choice for this key, timed at the first eager call: (TRITON, 0), ("fma", config), ("mma",
+    config) or ("rows", config)."""
     from ..native import cuda
 
     if not cuda.enabled():  # read at each call: A/B runs switch it between two engines' graph captures
@@ -103,8 +118,9 @@ def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: 
 
 
 def run(choice: tuple[str, int], x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-        tab: torch.Tensor, kind: str, n: int, k: int, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    """Run a CUDA choice of :func:`choose` (not TRITON)."""
+        tab: torch.Tensor, kind: str, n: int, k: int, bias: torch.Tensor | None,
+        out: torch.Tensor) -> torch.Tensor | None:
+    """Run a CUDA choice of :func:`choose` (not TRITON); None where it cannot run here (the caller runs Triton)."""
     if choice[0] == "fma":
         return gemv(x2, codes, scales, tab, kind, n, k, bias, choice[1], out=out)
     from . import cuda_q4_mma, triton_soa
@@ -112,8 +128,11 @@ def run(choice: tuple[str, int], x2: torch.Tensor, blocks: torch.Tensor, codes: 
     layout = triton_soa.cached(blocks, kind, (n, k), make=cuda_q4_mma.repack)
     if layout is None and torch.cuda.is_current_stream_capturing():
         # never repack inside a capture (the graph would replay it): a weight first seen here takes the FMA kernel
-        return gemv(x2, codes, scales, tab, kind, n, k, bias, 0, out=out)
+        # (or, for more rows than it takes, Triton)
+        return gemv(x2, codes, scales, tab, kind, n, k, bias, 0, out=out) if _fma_supports(x2, kind) else None
     mc, ms = layout or triton_soa.soa(blocks, kind, (n, k), make=cuda_q4_mma.repack)
+    if choice[0] == "rows":
+        return cuda_q4_mma.gemm(_mma_lib(x2.device, "q4_mma_rows"), x2, mc, ms, n, bias, choice[1], out)
     return cuda_q4_mma.gemv(_mma_lib(x2.device), x2, mc, ms, n, bias, choice[1], out)
 
 
@@ -131,10 +150,14 @@ def _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call) -> tupl
     tol = 1e-3 * ref.abs().max().item() + 1e-6 + 2 * ref.abs().max().item() * _ulp(x2.dtype)
     best, best_ms = (TRITON, 0), _flushed_graph_ms(triton_call)
     y = torch.empty(x2.shape[0], n, dtype=x2.dtype, device=x2.device)
-    cands = [("fma", c) for c in range(len(CONFIGS))]
-    mma = cuda_q4_mma.supports(x2, kind, k) and _mma_lib(x2.device) is not None
-    if mma:
+    cands = [("fma", c) for c in range(len(CONFIGS))] if _fma_supports(x2, kind) else []
+    mma = False
+    if cuda_q4_mma.supports(x2, kind, k) and _mma_lib(x2.device) is not None:
         cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+        mma = True
+    if cuda_q4_mma.rows_supports(x2, kind, k) and _mma_lib(x2.device, "q4_mma_rows") is not None:
+        cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+        mma = True
     for cand in cands:
         call = lambda cand=cand: run(cand, x2, blocks, codes, scales, tab, kind, n, k, bias, y)  # noqa: E731
         try:
@@ -150,7 +173,7 @@ def _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call) -> tupl
         if ms < best_ms:
             best, best_ms = cand, ms
     users = (blocks.data_ptr(), blocks.device)
-    if best[0] == "mma":
+    if best[0] in ("mma", "rows"):
         _mma_users.add(users)
     elif mma and users not in _mma_users:  # its layout lost here and nowhere else: give its memory back
         triton_soa.forget(blocks, kind, (n, k), make=cuda_q4_mma.repack)

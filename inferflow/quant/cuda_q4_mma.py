@@ -1,4 +1,5 @@
-"""Q4_0 weights in the tensor-core GEMV's layout (``inferflow/native/q4_mma.cu``, which documents it) and its call.
+"""Q4_0 weights in the tensor-core layout (``inferflow/native/q4_mma.cu``, which documents it) and the calls of its
+two kernels: the GEMV for 1-8 activation rows (``q4_mma.cu``) and the GEMM for up to 64 (``q4_mma_rows.cu``).
 
 The layout is made once per weight on its device (``triton_soa.soa(..., make=repack)``: cached with the blocks,
 freed with them): 4.5 bits per weight, as the blocks, rows padded to whole 16-row tiles.
@@ -14,8 +15,13 @@ from ..native import cuda
 CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
 MAX_ROWS = 8
+ROWS_CONFIGS: tuple[tuple[int, int], ...] = ((1, 8), (1, 4), (2, 4))  # (R, W), q4_mma_rows.cu's order
+ROWS_MAX = 64
+WORKSPACE_FLOATS = 1 << 22  # split-K partials of one call (16 MB); the kernel splits less where they would not fit
+COUNTERS = 4096  # row groups a split call can have (more: no split)
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _LL, _LL, _P]  # q4_mma(): see q4_mma.cu
+ROWS_ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _LL, _P, _I, _I, _I, _I, _LL, _LL, _P]  # q4_mma_rows()
 ROW_TILES_PER_PASS = 1024  # repack this many 16-row tiles at a time: bounded temporaries for a vocabulary head
 
 
@@ -63,6 +69,46 @@ def supports(x2: torch.Tensor, kind: str, k: int) -> bool:
     """bf16/fp16 activations, 1..8 rows with 4-byte aligned pairs, Q4_0, K a multiple of 64."""
     return (kind == "q4_0" and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= MAX_ROWS and k % 64 == 0
             and x2.stride(-1) == 1 and x2.data_ptr() % 4 == 0 and (x2.shape[0] == 1 or x2.stride(0) % 2 == 0))
+
+
+def rows_supports(x2: torch.Tensor, kind: str, k: int) -> bool:
+    """The GEMM's operands: bf16/fp16 activations, 1..64 rows starting 16 bytes apart (its cp.async copies), Q4_0,
+    K a multiple of 64."""
+    return (kind == "q4_0" and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= ROWS_MAX and k % 64 == 0
+            and x2.stride(-1) == 1 and x2.data_ptr() % 16 == 0 and (x2.shape[0] == 1 or x2.stride(0) % 8 == 0))
+
+
+_workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The GEMM's split-K partials and per-row-group counters on ``device``, made at its first eager call (None
+    if that would be inside a CUDA-graph capture: the counters' zeros would only be a node of that graph). The
+    kernel leaves the counters zero. One per device: a model's GEMMs run on one stream at a time."""
+    if device not in _workspaces:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        with torch.inference_mode(False):
+            _workspaces[device] = (torch.empty(WORKSPACE_FLOATS, dtype=torch.float32, device=device),
+                                   torch.zeros(COUNTERS, dtype=torch.int32, device=device))
+    return _workspaces[device]
+
+
+def gemm(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor) -> torch.Tensor | None:
+    """``out = x2 @ W^T (+ bias)`` [M, N] by the GEMM with launch config ``cfg`` (an index into
+    :data:`ROWS_CONFIGS`); None where its workspace cannot be made now (see :func:`workspace`)."""
+    space = workspace(x2.device)
+    if space is None:
+        return None
+    ws, counters = space
+    stream = torch.cuda.current_stream(x2.device).cuda_stream
+    err = lib.q4_mma_rows(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(),
+                          scales.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                          ws.data_ptr(), ws.numel(), counters.data_ptr(), counters.numel(), n, codes.shape[1],
+                          x2.shape[0], x2.stride(0), out.stride(0), ctypes.c_void_p(stream))
+    cuda.check(lib, "q4_mma_rows", err)
+    return out
 
 
 def gemv(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,

@@ -17,7 +17,8 @@ dicts, moves off the GPU and the bit-exact reference path read them), so a weigh
 
 4-bit weights: up to :data:`FMA_MAX_ROWS` activation rows run the float32 FMA GEMV (triton_q4.gemv4), up to
 :data:`GEMM_MAX_ROWS` the dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4: no decoded copy), more rows (long
-prefills) decode the weight into a reused per-thread buffer and run one cuBLAS matmul. q8_0: GEMV kernels
+prefills) decode the weight into a reused per-thread buffer and run one cuBLAS matmul. Up to
+:data:`CUDA_MAX_ROWS`, the CUDA kernels of quant/cuda_q4.py run instead where they timed faster. q8_0: GEMV kernels
 (triton_gemv.py) up to :data:`GEMV_MAX_ROWS`, the decode + cuBLAS path above.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from . import cuda_q4
 GEMV_MAX_ROWS = 16
 GEMM_MAX_ROWS = 256         # 4-bit: the fused tl.dot GEMM up to here; above, decode + cuBLAS (compute-bound sizes)
 FMA_MAX_ROWS = 2            # up to here: float32 FMA GEMV; above: tl.dot with rows padded to 16
+CUDA_MAX_ROWS = 64          # up to here the CUDA kernels (quant/cuda_q4.py) are timed against those two
 DEQUANT_TILE = (32, 256)    # (BLOCK_N, BLOCK_K) of the dequantization kernel
 DEQUANT_MAX_ELEMS = 1 << 26  # prefill decodes at most this many weights at once (a vocabulary head: row chunks)
 _CODE = {"q4c": 0, "q8_0": 1, "q4_0": 2}
@@ -188,24 +190,27 @@ def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales
     b = bias if bias is not None else y  # any pointer: unused without HAS_BIAS
     if m == 0:
         return y
-    if m <= FMA_MAX_ROWS:
-        def triton_gemv() -> torch.Tensor:
+
+    def triton_call() -> torch.Tensor:
+        if m <= FMA_MAX_ROWS:
             ws, cnt = _split_buffers(x2.device)
             t4.gemv4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT"])](
                 x2, codes, scales, tab, b, y, ws, cnt, n, k, kw, x2.stride(0), y.stride(0),
                 HAS_BIAS=bias is not None, KIND=_CODE[kind], MP=m)
             return y
+        mb = 1 << (m - 1).bit_length()  # the autotune key: rows rounded up to a power of two
+        t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](
+            x2, codes, scales, tab, b, y, m, n, k, kw, x2.stride(0), y.stride(0), mb, HAS_BIAS=bias is not None,
+            KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
+        return y
 
-        if not interpreted and cuda_q4.supports(x2, kind, bias):
-            choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_gemv)
-            if choice[0] != cuda_q4.TRITON:
-                return cuda_q4.run(choice, x2, blocks, codes, scales, tab, kind, n, k, bias, y)
-        return triton_gemv()
-    mb = 1 << (m - 1).bit_length()  # the autotune key: rows rounded up to a power of two
-    t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](
-        x2, codes, scales, tab, b, y, m, n, k, kw, x2.stride(0), y.stride(0), mb, HAS_BIAS=bias is not None,
-        KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
-    return y
+    if not interpreted and m <= CUDA_MAX_ROWS and cuda_q4.supports(x2, kind, bias):
+        choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call)
+        if choice[0] != cuda_q4.TRITON:
+            out = cuda_q4.run(choice, x2, blocks, codes, scales, tab, kind, n, k, bias, y)
+            if out is not None:
+                return out
+    return triton_call()
 
 
 _split: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

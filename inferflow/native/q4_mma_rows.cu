@@ -1,0 +1,295 @@
+// Q4_0 GEMM for up to 64 activation rows on tensor cores (mma.sync m16n8k16): batched decode. The weight layout
+// and the decode are the tensor-core GEMV's (q4_mma.cu, q4_mma.cuh); what differs is where the activations come
+// from and how a block's warps share the work.
+//
+// Why another kernel: the GEMV gives each warp one 16-row tile and loads its B fragments (the activations) from
+// global memory, 4 bytes per lane per row group. With 64 rows that is 14 bytes of activations per byte of weights,
+// per warp, and the loads, not the weights, would set the pace. Here a block of W warps, R row tiles each (16 R W
+// weight rows), stages each 64-column tile of the activations (rows padded to 8 NT, zeros past m) in shared memory
+// once, with cp.async, STAGES - 1 column tiles ahead, together with its warps' codes and scales. A warp then
+// decodes each A fragment once, uses it for NT mmas, and reads its B fragments with ldmatrix (the 16-byte chunks of
+// a row swizzled by row & 7: the 8 rows of one 8x8 matrix hit 8 different banks).
+//
+// Sums: float32 per 32-column block, scaled by the block's fp16 d (exact, as the GEMV). Split K: where row groups
+// are fewer than the resident blocks (o, down, qkv), blocks also split the column tiles S ways (gridDim.y). Their
+// float32 partials go to a workspace; the block that finishes a row group last adds them up in split order (so the
+// result does not depend on which block ran first), adds the bias, stores, and resets the group's counter to zero
+// for the next call (a CUDA graph replays it as it is).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_common.cuh"
+#include "q4_mma.cuh"
+
+namespace {
+
+using inferflow_cuda::fragment;
+using inferflow_cuda::mma;
+using inferflow_cuda::Pair;
+using inferflow_cuda::store;
+using inferflow_cuda::tile_scales;
+using inferflow_cuda::to_float;
+using inferflow_cuda::word;
+
+// 16 bytes global -> shared, zero-filled when !ok (nothing is read then).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&b)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(s));
+}
+
+// f(r, j, i) for every accumulator of a warp: row tile r, n-tile j, C-fragment element i (unrolled).
+template <int R, int NT, typename F> __device__ __forceinline__ void each(F f) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f(r, j, i);
+}
+
+// One pipeline stage: a 64-column tile of 8 NT activation rows (row r's 16-byte chunk c at r * 8 + (c ^ (r & 7)))
+// and the codes and scales of the block's W R row tiles at that column tile.
+template <int NT, int TILES> struct Stage {
+  uint4 x[8 * NT * 8];
+  uint4 codes[TILES][32];
+  uint2 scales[TILES][8];
+};
+
+template <typename T, int NT, int R, int W, int STAGES>
+__global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, const uint4* __restrict__ codes,
+                                                      const uint2* __restrict__ scales, const T* __restrict__ bias,
+                                                      T* __restrict__ y, float* __restrict__ ws,
+                                                      int* __restrict__ counters, int n, int kt, int m,
+                                                      long long sxm, long long sym) {
+  constexpr int MP = 8 * NT, TILES = W * R;
+  __shared__ Stage<NT, TILES> st[STAGES];
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int rt = (n + 15) >> 4, np = rt * 16;
+  const int group = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int c0 = static_cast<int>(static_cast<long long>(kt) * split / splits);
+  const int c1 = static_cast<int>(static_cast<long long>(kt) * (split + 1) / splits);
+  const int tile0 = group * TILES + warp * R;  // this warp's first row tile
+  const uint32_t magic = kt >= 0 ? Pair<T>::magic : 0u;  // in a register: one LOP3 per pair (see q4_mma.cu)
+
+  // A thread's copies are the same at every column tile but for the column: sources and destinations computed
+  // once (a stage is then ~2 instructions a copy; computed in the loop they were half of its instructions)
+  constexpr int XCH = MP * 8, PER = (XCH + W * 32 - 1) / (W * 32);  // 16-byte chunks of a stage's activations
+  const T* xsrc[PER];
+  int xdst[PER];
+  bool xok[PER];
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = threadIdx.x + p * W * 32, row = i >> 3, ch = i & 7;
+    xok[p] = row < m;
+    xsrc[p] = x + (xok[p] ? row * sxm : 0) + ch * 8;
+    xdst[p] = row * 8 + (ch ^ (row & 7));
+  }
+  const uint4* csrc[R];
+  const uint4* ssrc[R];
+  bool cok[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    cok[r] = tile0 + r < rt;
+    const long long at = static_cast<long long>(cok[r] ? tile0 + r : 0) * kt;
+    csrc[r] = codes + at * 32 + lane;
+    ssrc[r] = reinterpret_cast<const uint4*>(scales + at * 8) + (lane & 3);
+  }
+  auto stage = [&](int c, int slot) {
+    Stage<NT, TILES>& s = st[slot];
+#pragma unroll
+    for (int p = 0; p < PER; ++p)
+      if (XCH % (W * 32) == 0 || threadIdx.x + p * W * 32 < XCH) cp_async16(&s.x[xdst[p]], xsrc[p] + c * 64, xok[p]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      cp_async16(&s.codes[warp * R + r][lane], csrc[r] + c * 32, cok[r]);
+      if (lane < 4) cp_async16(reinterpret_cast<uint4*>(s.scales[warp * R + r]) + lane, ssrc[r] + c * 4, cok[r]);
+    }
+  };
+
+  float acc[R][NT][4];
+  each<R, NT>([&](int r, int j, int i) { acc[r][j][i] = 0.f; });
+
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (c0 + i < c1) stage(c0 + i, i);
+    cp_async_commit();
+  }
+  for (int c = c0; c < c1; ++c) {
+    const int slot = (c - c0) % STAGES;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // column tile c is in; every warp is done with the slot refilled next
+    {
+      const int nc = c + STAGES - 1;
+      if (nc < c1) stage(nc, (nc - c0) % STAGES);
+      cp_async_commit();
+    }
+    const Stage<NT, TILES>& s = st[slot];
+    uint4 q[R];
+    float2 d[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      q[r] = s.codes[warp * R + r][lane];
+      tile_scales(s.scales[warp * R + r][g], d[r]);
+    }
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {  // the two 32-column blocks: k-steps 2 blk, 2 blk + 1
+      uint32_t b[NT][4];                 // n-tile j: b0, b1 of k-step 2 blk, then of 2 blk + 1
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int row = 8 * j + (lane & 7), ch = 4 * blk + (lane >> 3);
+        ldmatrix_x4(b[j], &s.x[row * 8 + (ch ^ (row & 7))]);
+      }
+      float part[R][NT][4];
+      each<R, NT>([&](int r, int j, int i) { part[r][j][i] = 0.f; });
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          uint32_t a[4];
+          fragment<T>(word(q[r], 2 * blk + h), magic, a);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma<T>(part[r][j], a, b[j][2 * h], b[j][2 * h + 1]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float dg = blk == 0 ? d[r][0].x : d[r][0].y, dg8 = blk == 0 ? d[r][1].x : d[r][1].y;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          acc[r][j][0] = __fmaf_rn(dg, part[r][j][0], acc[r][j][0]);
+          acc[r][j][1] = __fmaf_rn(dg, part[r][j][1], acc[r][j][1]);
+          acc[r][j][2] = __fmaf_rn(dg8, part[r][j][2], acc[r][j][2]);
+          acc[r][j][3] = __fmaf_rn(dg8, part[r][j][3], acc[r][j][3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // acc[r][j][i]: weight row (tile0 + r) * 16 + g + 8 (i >> 1), activation row 8 j + 2 t + (i & 1)
+  if (splits > 1) {
+    float* mine = ws + static_cast<long long>(split) * m * np;
+    each<R, NT>([&](int r, int j, int i) {
+      const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), col = 8 * j + 2 * t + (i & 1);
+      if (col < m && row < n) mine[static_cast<long long>(col) * np + row] = acc[r][j][i];
+    });
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[group], 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // every split's partial, in split order (this block's own included); split by split, so that a split's
+    // loads are all in flight at once (one load after another, this block took most of the kernel's time)
+    each<R, NT>([&](int r, int j, int i) { acc[r][j][i] = 0.f; });
+    for (int sp = 0; sp < splits; ++sp) {
+      const float* part = ws + static_cast<long long>(sp) * m * np;
+      int base = 2 * t * np + tile0 * 16 + g;  // entry (r, j, i) at base + (8 j + (i & 1)) np + 16 r + 8 (i >> 1)
+      // opaque to the compiler: the 4 R NT entry offsets are recomputed per split, not held in registers through
+      // the whole kernel (that took the main loop from 110 to 174 registers)
+      asm volatile("" : "+r"(base));
+      each<R, NT>([&](int r, int j, int i) {
+        const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), col = 8 * j + 2 * t + (i & 1);
+        if (col < m && row < n) acc[r][j][i] += __ldcg(part + base + (8 * j + (i & 1)) * np + 16 * r + 8 * (i >> 1));
+      });
+    }
+  }
+  // the store as a plain loop: as a lambda (an early return per element) it compiled to other SASS than the
+  // kernel that was measured
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), col = 8 * j + 2 * t + (i & 1);
+        if (col >= m || row >= n) continue;
+        float o = acc[r][j][i];
+        if (bias != nullptr) o += to_float(bias[row]);
+        store(y + col * sym + row, o);
+      }
+  if (splits > 1 && threadIdx.x == 0) counters[group] = 0;
+}
+
+// The grid: one block per row group, times S splits of the column tiles so that the blocks fill the resident
+// slots (at most one split per 16 column tiles, and only as many as the workspace and the counters hold).
+template <typename T, int NT, int R, int W>
+cudaError_t start(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
+                  long long ws_floats, int* counters, int counter_slots, int n, int kt, int m, long long sxm,
+                  long long sym, cudaStream_t stream) {
+  constexpr int STAGES = NT >= 8 ? 3 : 4;  // 12.5 KB a stage at NT = 8, W R = 8: 37.5 KB of shared memory
+  constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES>;
+  const int rt = (n + 15) / 16, groups = (rt + W * R - 1) / (W * R);
+  const int slots = inferflow_cuda::resident_blocks<kernel>(W * 32);
+  int splits = (slots + groups / 2) / groups;
+  if (splits > kt / 16) splits = kt / 16;
+  const long long per_split = static_cast<long long>(m) * rt * 16;
+  if (splits * per_split > ws_floats) splits = static_cast<int>(ws_floats / per_split);
+  if (groups > counter_slots || splits < 1) splits = 1;
+  kernel<<<dim3(groups, splits), W * 32, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const uint4*>(codes), static_cast<const uint2*>(scales),
+      static_cast<const T*>(bias), static_cast<T*>(y), ws, counters, n, kt, m, sxm, sym);
+  return cudaGetLastError();
+}
+
+template <typename T, int R, int W>
+cudaError_t by_rows(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
+                    long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm, long long sym,
+                    cudaStream_t s) {
+  if (m <= 16) return start<T, 2, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  if (m <= 32) return start<T, 4, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  return start<T, 8, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+}
+
+template <typename T>
+cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
+                      float* ws, long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm,
+                      long long sym, cudaStream_t s) {
+  switch (cfg) {  // (R row tiles per warp, W warps per block): cuda_q4_mma.ROWS_CONFIGS, in order
+    case 0: return by_rows<T, 1, 8>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 1: return by_rows<T, 1, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 2: return by_rows<T, 2, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int q4_mma_rows_configs() { return 3; }
+
+// dtype: 1 bfloat16, 2 float16; m: activation rows, 1..64; kt: column tiles (K / 64); x: 16-byte aligned rows.
+// ws: float32 workspace of ws_floats, counters: counter_slots ints, zero (the kernel leaves them zero).
+int q4_mma_rows(int device, int dtype, int cfg, const void* x, const void* codes, const void* scales,
+                const void* bias, void* y, float* ws, long long ws_floats, int* counters, int counter_slots, int n,
+                int kt, int m, long long sxm, long long sym, void* stream) {
+  if (m < 1 || m > 64) return cudaErrorInvalidValue;
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) return e;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dtype == 1)
+    return by_config<__nv_bfloat16>(cfg, x, codes, scales, bias, y, ws, ws_floats, counters, counter_slots, n, kt,
+                                    m, sxm, sym, s);
+  if (dtype == 2)
+    return by_config<__half>(cfg, x, codes, scales, bias, y, ws, ws_floats, counters, counter_slots, n, kt, m, sxm,
+                             sym, s);
+  return cudaErrorInvalidValue;
+}
+
+const char* q4_mma_rows_error(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+}  // extern "C"
