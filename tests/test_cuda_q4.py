@@ -12,7 +12,7 @@ import torch
 
 from inferflow import native
 from inferflow.native import cuda
-from inferflow.quant import cuda_q4, cuda_q4_mma, formats, ggml, l2_prefetch, triton_kernels, triton_soa
+from inferflow.quant import cuda_q4, cuda_q4_mma, formats, ggml, triton_kernels, triton_soa
 
 DEVICE = os.environ.get("INFERFLOW_TEST_DEVICE", "cpu")  # as tests/parity.py (which imports more than needed)
 
@@ -124,14 +124,9 @@ def test_matmul(name, m, request):
         tab = triton_kernels._scale_table(x.device)
         kind = "q4c" if name == "q4" else name
         out = torch.empty(m, n, device=DEVICE)
-        # prefetching another weight into L2 meanwhile (quant/l2_prefetch.py), issued at a kernel's start or end,
-        # changes nothing
-        pfs = [None, l2_prefetch.describe((codes, scales), False, 1 << 20),
-               l2_prefetch.describe((codes, scales), True, 1 << 20)]
         for cfg in range(len(cuda_q4.CONFIGS) if m <= 2 else 0):  # every launch config, not only the timed pick
-            for pf in pfs:
-                y = cuda_q4.run(("fma", cfg), x, blocks, codes, scales, tab, kind, n, k, bias, out, pf)
-                assert (y.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+            y = cuda_q4.run(("fma", cfg), x, blocks, codes, scales, tab, kind, n, k, bias, out)
+            assert (y.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
         if kind == "q4_0":  # the tensor cores: bf16 activations (the reference takes them as rounded)
             xb, bb = x.bfloat16(), bias.bfloat16()
             refb = xb.double() @ p.dequantize().double().t().to(DEVICE) + bb.double()
@@ -139,9 +134,8 @@ def test_matmul(name, m, request):
             cands = [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS) if m <= cuda_q4_mma.MAX_ROWS else 0)]
             cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
             for cand in cands:
-                for pf in pfs:
-                    y = cuda_q4.run(cand, xb, blocks, codes, scales, tab, kind, n, k, bb, out, pf)
-                    assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item(), cand
+                y = cuda_q4.run(cand, xb, blocks, codes, scales, tab, kind, n, k, bb, out)
+                assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item(), cand
 
 
 def test_tensor_core_layout_round_trip():

@@ -71,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
                     "quick to make) or q4 (inferflow's searched q4: minutes for an 8B model)")
     ap.add_argument("--q4-ab", action="store_true", help="with --q4: also a q4 engine on Triton's kernels only "
                     "(INFERFLOW_CUDA_KERNELS=0 while it captures its graphs), interleaved")
-    ap.add_argument("--q4-l2-ab", action="store_true", help="with --q4: also a q4 engine without the cross-kernel "
-                    "L2 prefetch (INFERFLOW_L2_PREFETCH=0 while it captures its graphs), interleaved")
     ap.add_argument("--serving", type=int, default=256, help="requests of the engine serving load (0: skip)")
     ap.add_argument("--phases", default="prefill,graphs,serving,decode,q4",
                     help="the parts to run after the checks (q4 also needs --q4)")
@@ -186,21 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         log(f"q4 model loaded; kernels {res['q4_kernels']}")
         qcfg = EngineConfig(**{**ecfg, "kv_cache_memory": min(8.0, ecfg["kv_cache_memory"])})
         engines = []
-        # more q4 engines whose graphs were captured with a switch off: Triton's GEMV only, no L2 prefetch
-        for on, name, env in ((args.q4_ab, "q4 triton", "INFERFLOW_CUDA_KERNELS"),
-                              (args.q4_l2_ab, "q4 no-l2", "INFERFLOW_L2_PREFETCH")):
-            if not on:
-                continue
-            before = os.environ.get(env)
-            os.environ[env] = "0"
+        if args.q4_ab:  # a second q4 engine whose graphs captured the Triton GEMV (the CUDA kernel off meanwhile)
+            os.environ["INFERFLOW_CUDA_KERNELS"] = "0"
             qt = Engine(qm, qcfg)
             for b in batches:
                 ours_decode(qt, dprompts[b], 4, device)
-            if before is None:
-                del os.environ[env]
-            else:
-                os.environ[env] = before
-            engines.append((name, qt))
+            os.environ["INFERFLOW_CUDA_KERNELS"] = "1"
+            engines.append(("q4 triton", qt))
         qe = Engine(qm, qcfg)
         qs: dict[str, list[float]] = {}
         for b in batches:

@@ -54,9 +54,8 @@ def table(res: dict, batches: list[int]) -> str:
             v, base = q4[f"q4 b{b}"]["tps"], q4[f"bf16 b{b}"]["tps"]
             rows.append(f"| q4 decode tok/s, batch {b} (bf16 in the same phase: {base:.1f}) | {v:.1f} | | "
                         f"{v / base:.2f} x bf16 |")
-        for key, what in (("q4 triton", "Triton kernels only (`--q4-ab`)"),
-                          ("q4 no-l2", "no L2 prefetch (`--q4-l2-ab`)")):
-            if f"{key} b{b}" in q4:  # the same q4 model with a switch off, interleaved
-                t = q4[f"{key} b{b}"]["tps"]
-                rows.append(f"| q4 decode tok/s, batch {b}, {what} | {t:.1f} | | {t / base:.2f} x bf16 |")
+        if f"q4 triton b{b}" in q4:  # --q4-ab: the same q4 model with Triton's kernels only, interleaved
+            t = q4[f"q4 triton b{b}"]["tps"]
+            rows.append(f"| q4 decode tok/s, batch {b}, Triton kernels only (`--q4-ab`) | {t:.1f} | | "
+                        f"{t / base:.2f} x bf16 |")
     return "\n".join(rows)

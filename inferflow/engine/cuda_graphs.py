@@ -16,7 +16,6 @@ from typing import Any, Sequence
 
 import torch
 
-from ..quant import l2_prefetch
 from .static_decode import StaticDecode
 
 
@@ -95,15 +94,14 @@ class DecodeGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), _gemv_selection():  # warm-up: compiles kernels, times the GEMV choices for
-            self._eager(rows)  # this bucket (model/gpu_gemv.py); rewrites the same K/V the replay writes
-            with l2_prefetch.recording() as order:  # the step's 4-bit matmuls in order: in the graph, each one
-                self._eager(rows)                   # pulls the next one's weight into L2
+            for _ in range(2):  # this bucket (model/gpu_gemv.py); rewrites the same K/V the replay writes
+                self._eager(rows)
         torch.cuda.current_stream().wait_stream(side)
         try:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool), l2_prefetch.capturing(order):
+            with torch.cuda.graph(g, pool=self._pool):
                 out = self.static.forward(rows)
         except Exception as e:  # noqa: BLE001 - an uncapturable op: run eagerly from now on
             log.warning("CUDA graph capture of the decode step failed (%s: %s); decode runs eagerly",

@@ -90,8 +90,7 @@ template <typename T, int KIND, int R, int MP, bool EVEN>
 __global__ void __launch_bounds__(128) gemv4(const T* __restrict__ x, const uint32_t* __restrict__ codes,
                                              const uint16_t* __restrict__ scales, const float* __restrict__ tab,
                                              const T* __restrict__ bias, T* __restrict__ y, int n, int k, int kw,
-                                             long long sxm, long long sym, const inferflow_cuda::Prefetch pf) {
-  inferflow_cuda::prefetch_l2(pf, false);
+                                             long long sxm, long long sym) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (blockDim.x >> 5);
   const int t = lane & 7, gl = lane >> 3;
@@ -114,7 +113,6 @@ __global__ void __launch_bounds__(128) gemv4(const T* __restrict__ x, const uint
     }
   };
   load(tile, step, c, s);
-  inferflow_cuda::wait_for_inputs();  // the first codes in flight before the activations are ready
   // The exponents as run-time values: with two immediates (mask and exponent) one (a & b) | c is two LOP3s, with
   // the exponent in a register it is one (k >= 0 always; the compiler cannot know it)
   const uint32_t e0 = k >= 0 ? 150u << 23 : 0u;
@@ -178,49 +176,44 @@ __global__ void __launch_bounds__(128) gemv4(const T* __restrict__ x, const uint
     tile = ntile;
     step = nstep;
   }
-  inferflow_cuda::prefetch_l2(pf, true);
 }
 
 template <typename T, int KIND, int R, int MP, bool EVEN>
 void start(const void* x, const void* codes, const void* scales, const void* tab, const void* bias, void* y, int n,
-           int k, int kw, long long sxm, long long sym, const inferflow_cuda::Prefetch& pf, cudaStream_t stream) {
+           int k, int kw, long long sxm, long long sym, cudaStream_t stream) {
   const int blocks = inferflow_cuda::balanced_blocks<gemv4<T, KIND, R, MP, EVEN>>(128, (n + R - 1) / R, 4);
-  inferflow_cuda::launch_kernel(gemv4<T, KIND, R, MP, EVEN>, blocks, 128, stream, pf.pdl != 0,
-                                static_cast<const T*>(x), static_cast<const uint32_t*>(codes),
-                                static_cast<const uint16_t*>(scales), static_cast<const float*>(tab),
-                                static_cast<const T*>(bias), static_cast<T*>(y), n, k, kw, sxm, sym, pf);
+  gemv4<T, KIND, R, MP, EVEN><<<blocks, 128, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const uint32_t*>(codes), static_cast<const uint16_t*>(scales),
+      static_cast<const float*>(tab), static_cast<const T*>(bias), static_cast<T*>(y), n, k, kw, sxm, sym);
 }
 
 template <typename T, int KIND, int R>
 cudaError_t launch(int mp, const void* x, const void* codes, const void* scales, const void* tab, const void* bias,
-                   void* y, int n, int k, int kw, long long sxm, long long sym, const inferflow_cuda::Prefetch& pf,
-                   cudaStream_t s) {
+                   void* y, int n, int k, int kw, long long sxm, long long sym, cudaStream_t s) {
   const bool even = (kw >> 5) % 4 == 0 && k == kw * 8 && n % R == 0;
   auto go = even ? (mp == 1 ? start<T, KIND, R, 1, true> : start<T, KIND, R, 2, true>)
                  : (mp == 1 ? start<T, KIND, R, 1, false> : start<T, KIND, R, 2, false>);
-  go(x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
+  go(x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
   return cudaGetLastError();
 }
 
 template <typename T, int KIND>
 cudaError_t by_config(int cfg, int mp, const void* x, const void* codes, const void* scales, const void* tab,
-                      const void* bias, void* y, int n, int k, int kw, long long sxm, long long sym,
-                      const inferflow_cuda::Prefetch& pf, cudaStream_t s) {
+                      const void* bias, void* y, int n, int k, int kw, long long sxm, long long sym, cudaStream_t s) {
   switch (cfg) {  // R rows per tile: the configs of cuda_q4.CONFIGS, in order
-    case 0: return launch<T, KIND, 4>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
-    case 1: return launch<T, KIND, 2>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
-    case 2: return launch<T, KIND, 8>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
-    case 3: return launch<T, KIND, 1>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
+    case 0: return launch<T, KIND, 4>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
+    case 1: return launch<T, KIND, 2>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
+    case 2: return launch<T, KIND, 8>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
+    case 3: return launch<T, KIND, 1>(mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <typename T>
 cudaError_t by_kind(int kind, int cfg, int mp, const void* x, const void* codes, const void* scales, const void* tab,
-                    const void* bias, void* y, int n, int k, int kw, long long sxm, long long sym,
-                    const inferflow_cuda::Prefetch& pf, cudaStream_t s) {
-  if (kind == 2) return by_config<T, 2>(cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
-  if (kind == 0) return by_config<T, 0>(cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
+                    const void* bias, void* y, int n, int k, int kw, long long sxm, long long sym, cudaStream_t s) {
+  if (kind == 2) return by_config<T, 2>(cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
+  if (kind == 0) return by_config<T, 0>(cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
   return cudaErrorInvalidValue;
 }
 
@@ -231,20 +224,18 @@ extern "C" {
 int q4_gemv_configs() { return 4; }
 
 // dtype: 0 float32, 1 bfloat16, 2 float16 (activations, bias and output); kind: triton_soa's code (0 q4c, 2 q4_0);
-// mp: activation rows (1 or 2), sxm / sym their strides in elements; prefetch: an inferflow_cuda::Prefetch or
-// nullptr. Returns the CUDA error of the launch (0: none).
+// mp: activation rows (1 or 2), sxm / sym their strides in elements. Returns the CUDA error of the launch (0: none).
 int q4_gemv(int device, int dtype, int kind, int cfg, int mp, const void* x, const void* codes, const void* scales,
             const void* tab, const void* bias, void* y, int n, int k, int kw, long long sxm, long long sym,
-            const void* prefetch, void* stream) {
+            void* stream) {
   if (mp < 1 || mp > 2) return cudaErrorInvalidValue;
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return e;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const inferflow_cuda::Prefetch pf = inferflow_cuda::prefetch_or_none(prefetch);
   switch (dtype) {
-    case 0: return by_kind<float>(kind, cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
-    case 1: return by_kind<__nv_bfloat16>(kind, cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
-    case 2: return by_kind<__half>(kind, cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, pf, s);
+    case 0: return by_kind<float>(kind, cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
+    case 1: return by_kind<__nv_bfloat16>(kind, cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
+    case 2: return by_kind<__half>(kind, cfg, mp, x, codes, scales, tab, bias, y, n, k, kw, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }

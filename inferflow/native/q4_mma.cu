@@ -120,9 +120,8 @@ template <typename T, int W, int U, bool EVEN>
 __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const uint4* __restrict__ codes,
                                                  const uint2* __restrict__ scales, const T* __restrict__ bias,
                                                  T* __restrict__ y, int n, int kt, int m, long long sxm,
-                                                 long long sym, const inferflow_cuda::Prefetch pf) {
+                                                 long long sym) {
   __shared__ float part[W][32][4];
-  inferflow_cuda::prefetch_l2(pf, false);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int rt = (n + 15) >> 4;                  // row tiles
@@ -151,7 +150,6 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
     }
   };
   load(tile, step, q, sc);
-  inferflow_cuda::wait_for_inputs();  // the first codes in flight before the activations are ready
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   while (true) {
     int ntile = tile, nstep = step + 1;
@@ -174,37 +172,35 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
     tile = ntile;
     step = nstep;
   }
-  inferflow_cuda::prefetch_l2(pf, true);
 }
 
 template <typename T, int W, int U, bool EVEN>
 cudaError_t start(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
-                  int m, long long sxm, long long sym, const inferflow_cuda::Prefetch& pf, cudaStream_t stream) {
+                  int m, long long sxm, long long sym, cudaStream_t stream) {
   const int rt = (n + 15) / 16;
   const int blocks = inferflow_cuda::balanced_blocks<q4_mma<T, W, U, EVEN>>(W * 32, rt, 1);
-  return inferflow_cuda::launch_kernel(
-      q4_mma<T, W, U, EVEN>, blocks, W * 32, stream, pf.pdl != 0, static_cast<const T*>(x),
-      static_cast<const uint4*>(codes), static_cast<const uint2*>(scales), static_cast<const T*>(bias),
-      static_cast<T*>(y), n, kt, m, sxm, sym, pf);
+  q4_mma<T, W, U, EVEN><<<blocks, W * 32, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const uint4*>(codes), static_cast<const uint2*>(scales),
+      static_cast<const T*>(bias), static_cast<T*>(y), n, kt, m, sxm, sym);
+  return cudaGetLastError();
 }
 
 template <typename T, int W, int U>
 cudaError_t launch(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
-                   int m, long long sxm, long long sym, const inferflow_cuda::Prefetch& pf, cudaStream_t s) {
-  return kt % (W * U) == 0 ? start<T, W, U, true>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s)
-                           : start<T, W, U, false>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
+                   int m, long long sxm, long long sym, cudaStream_t s) {
+  return kt % (W * U) == 0 ? start<T, W, U, true>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s)
+                           : start<T, W, U, false>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
 }
 
 template <typename T>
 cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
-                      int n, int kt, int m, long long sxm, long long sym, const inferflow_cuda::Prefetch& pf,
-                      cudaStream_t s) {
+                      int n, int kt, int m, long long sxm, long long sym, cudaStream_t s) {
   switch (cfg) {  // (W warps per row tile, U column tiles per warp step): cuda_q4_mma.CONFIGS, in order
-    case 0: return launch<T, 4, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
-    case 1: return launch<T, 4, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
-    case 2: return launch<T, 8, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
-    case 3: return launch<T, 8, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
-    case 4: return launch<T, 2, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
+    case 0: return launch<T, 4, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 1: return launch<T, 4, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 2: return launch<T, 8, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 3: return launch<T, 8, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 4: return launch<T, 2, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -215,17 +211,15 @@ extern "C" {
 
 int q4_mma_configs() { return 5; }
 
-// dtype: 1 bfloat16, 2 float16 (activations, bias, output); m: activation rows, 1..8; kt: column tiles (K / 64);
-// prefetch: an inferflow_cuda::Prefetch or nullptr.
+// dtype: 1 bfloat16, 2 float16 (activations, bias, output); m: activation rows, 1..8; kt: column tiles (K / 64).
 int q4_mma(int device, int dtype, int cfg, const void* x, const void* codes, const void* scales, const void* bias,
-           void* y, int n, int kt, int m, long long sxm, long long sym, const void* prefetch, void* stream) {
+           void* y, int n, int kt, int m, long long sxm, long long sym, void* stream) {
   if (m < 1 || m > 8) return cudaErrorInvalidValue;
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return e;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const inferflow_cuda::Prefetch pf = inferflow_cuda::prefetch_or_none(prefetch);
-  if (dtype == 1) return by_config<__nv_bfloat16>(cfg, x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
-  if (dtype == 2) return by_config<__half>(cfg, x, codes, scales, bias, y, n, kt, m, sxm, sym, pf, s);
+  if (dtype == 1) return by_config<__nv_bfloat16>(cfg, x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+  if (dtype == 2) return by_config<__half>(cfg, x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
   return cudaErrorInvalidValue;
 }
 

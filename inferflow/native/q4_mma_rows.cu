@@ -71,12 +71,10 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
                                                       const uint2* __restrict__ scales, const T* __restrict__ bias,
                                                       T* __restrict__ y, float* __restrict__ ws,
                                                       int* __restrict__ counters, int n, int kt, int m,
-                                                      long long sxm, long long sym,
-                                                      const inferflow_cuda::Prefetch pf) {
+                                                      long long sxm, long long sym) {
   constexpr int MP = 8 * NT, TILES = W * R;
   __shared__ Stage<NT, TILES> st[STAGES];
   __shared__ int last;
-  inferflow_cuda::prefetch_l2(pf, false);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int rt = (n + 15) >> 4, np = rt * 16;
@@ -180,7 +178,6 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
     }
   }
   cp_async_wait<0>();
-  inferflow_cuda::prefetch_l2(pf, true);
 
   // acc[r][j][i]: weight row (tile0 + r) * 16 + g + 8 (i >> 1), activation row 8 j + 2 t + (i & 1)
   if (splits > 1) {
@@ -232,7 +229,7 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
 template <typename T, int NT, int R, int W>
 cudaError_t start(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
                   long long ws_floats, int* counters, int counter_slots, int n, int kt, int m, long long sxm,
-                  long long sym, const inferflow_cuda::Prefetch& pf, cudaStream_t stream) {
+                  long long sym, cudaStream_t stream) {
   constexpr int STAGES = NT >= 8 ? 3 : 4;  // 12.5 KB a stage at NT = 8, W R = 8: 37.5 KB of shared memory
   constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES>;
   const int rt = (n + 15) / 16, groups = (rt + W * R - 1) / (W * R);
@@ -244,27 +241,27 @@ cudaError_t start(const void* x, const void* codes, const void* scales, const vo
   if (groups > counter_slots || splits < 1) splits = 1;
   kernel<<<dim3(groups, splits), W * 32, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const uint4*>(codes), static_cast<const uint2*>(scales),
-      static_cast<const T*>(bias), static_cast<T*>(y), ws, counters, n, kt, m, sxm, sym, pf);
+      static_cast<const T*>(bias), static_cast<T*>(y), ws, counters, n, kt, m, sxm, sym);
   return cudaGetLastError();
 }
 
 template <typename T, int R, int W>
 cudaError_t by_rows(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
                     long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm, long long sym,
-                    const inferflow_cuda::Prefetch& pf, cudaStream_t s) {
-  if (m <= 16) return start<T, 2, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, pf, s);
-  if (m <= 32) return start<T, 4, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, pf, s);
-  return start<T, 8, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, pf, s);
+                    cudaStream_t s) {
+  if (m <= 16) return start<T, 2, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  if (m <= 32) return start<T, 4, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  return start<T, 8, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
 }
 
 template <typename T>
 cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
                       float* ws, long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm,
-                      long long sym, const inferflow_cuda::Prefetch& pf, cudaStream_t s) {
+                      long long sym, cudaStream_t s) {
   switch (cfg) {  // (R row tiles per warp, W warps per block): cuda_q4_mma.ROWS_CONFIGS, in order
-    case 0: return by_rows<T, 1, 8>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, pf, s);
-    case 1: return by_rows<T, 1, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, pf, s);
-    case 2: return by_rows<T, 2, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, pf, s);
+    case 0: return by_rows<T, 1, 8>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 1: return by_rows<T, 1, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 2: return by_rows<T, 2, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -276,22 +273,20 @@ extern "C" {
 int q4_mma_rows_configs() { return 3; }
 
 // dtype: 1 bfloat16, 2 float16; m: activation rows, 1..64; kt: column tiles (K / 64); x: 16-byte aligned rows.
-// ws: float32 workspace of ws_floats, counters: counter_slots ints, zero (the kernel leaves them zero);
-// prefetch: an inferflow_cuda::Prefetch or nullptr.
+// ws: float32 workspace of ws_floats, counters: counter_slots ints, zero (the kernel leaves them zero).
 int q4_mma_rows(int device, int dtype, int cfg, const void* x, const void* codes, const void* scales,
                 const void* bias, void* y, float* ws, long long ws_floats, int* counters, int counter_slots, int n,
-                int kt, int m, long long sxm, long long sym, const void* prefetch, void* stream) {
+                int kt, int m, long long sxm, long long sym, void* stream) {
   if (m < 1 || m > 64) return cudaErrorInvalidValue;
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return e;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const inferflow_cuda::Prefetch pf = inferflow_cuda::prefetch_or_none(prefetch);
   if (dtype == 1)
     return by_config<__nv_bfloat16>(cfg, x, codes, scales, bias, y, ws, ws_floats, counters, counter_slots, n, kt,
-                                    m, sxm, sym, pf, s);
+                                    m, sxm, sym, s);
   if (dtype == 2)
     return by_config<__half>(cfg, x, codes, scales, bias, y, ws, ws_floats, counters, counter_slots, n, kt, m, sxm,
-                             sym, pf, s);
+                             sym, s);
   return cudaErrorInvalidValue;
 }
 

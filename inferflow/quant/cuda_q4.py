@@ -25,8 +25,6 @@ from typing import Callable
 
 import torch
 
-from .l2_prefetch import Prefetch, address
-
 # R: output rows per work item (tile), in q4_gemv.cu's order
 CONFIGS: tuple[int, ...] = (4, 2, 8, 1)
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -45,7 +43,7 @@ def _lib(device: torch.device) -> ctypes.CDLL | None:
     lib = cuda.load("q4_gemv", device)
     if lib is not None:
         p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-        cuda.bind(lib, "q4_gemv", [i, i, i, i, i, p, p, p, p, p, p, i, i, i, ll, ll, p, p], len(CONFIGS))
+        cuda.bind(lib, "q4_gemv", [i, i, i, i, i, p, p, p, p, p, p, i, i, i, ll, ll, p], len(CONFIGS))
     return lib
 
 
@@ -67,10 +65,8 @@ def supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
 
 
 def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int, k: int,
-         bias: torch.Tensor | None, cfg: int, out: torch.Tensor | None = None,
-         pf: Prefetch | None = None) -> torch.Tensor:
-    """``y = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`); ``pf``: the
-    next weight's bytes to pull into L2 meanwhile (quant/l2_prefetch.py)."""
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`)."""
     from ..native import cuda
 
     lib = _lib(x2.device)
@@ -81,7 +77,7 @@ def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch
     stream = torch.cuda.current_stream(x2.device).cuda_stream
     err = lib.q4_gemv(x2.device.index or 0, _DTYPE[x2.dtype], _KIND[kind], cfg, m, x2.data_ptr(), codes.data_ptr(),
                       scales.data_ptr(), tab.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
-                      n, k, codes.shape[1], x2.stride(0), y.stride(0), address(pf), ctypes.c_void_p(stream))
+                      n, k, codes.shape[1], x2.stride(0), y.stride(0), ctypes.c_void_p(stream))
     cuda.check(lib, "q4_gemv", err)
     return y
 
@@ -122,36 +118,22 @@ def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: 
 
 
 def run(choice: tuple[str, int], x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-        tab: torch.Tensor, kind: str, n: int, k: int, bias: torch.Tensor | None, out: torch.Tensor,
-        pf: Prefetch | None = None) -> torch.Tensor | None:
-    """Run a CUDA choice of :func:`choose` (not TRITON), prefetching ``pf`` meanwhile; None where it cannot run
-    here (the caller runs Triton)."""
+        tab: torch.Tensor, kind: str, n: int, k: int, bias: torch.Tensor | None,
+        out: torch.Tensor) -> torch.Tensor | None:
+    """Run a CUDA choice of :func:`choose` (not TRITON); None where it cannot run here (the caller runs Triton)."""
     if choice[0] == "fma":
-        return gemv(x2, codes, scales, tab, kind, n, k, bias, choice[1], out=out, pf=pf)
+        return gemv(x2, codes, scales, tab, kind, n, k, bias, choice[1], out=out)
     from . import cuda_q4_mma, triton_soa
 
     layout = triton_soa.cached(blocks, kind, (n, k), make=cuda_q4_mma.repack)
     if layout is None and torch.cuda.is_current_stream_capturing():
         # never repack inside a capture (the graph would replay it): a weight first seen here takes the FMA kernel
         # (or, for more rows than it takes, Triton)
-        return gemv(x2, codes, scales, tab, kind, n, k, bias, 0, out=out, pf=pf) if _fma_supports(x2, kind) else None
+        return gemv(x2, codes, scales, tab, kind, n, k, bias, 0, out=out) if _fma_supports(x2, kind) else None
     mc, ms = layout or triton_soa.soa(blocks, kind, (n, k), make=cuda_q4_mma.repack)
     if choice[0] == "rows":
-        return cuda_q4_mma.gemm(_mma_lib(x2.device, "q4_mma_rows"), x2, mc, ms, n, bias, choice[1], out, pf)
-    return cuda_q4_mma.gemv(_mma_lib(x2.device), x2, mc, ms, n, bias, choice[1], out, pf)
-
-
-def weight_of(choice: tuple[str, int], blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, kind: str,
-              n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (codes, scales) tensors that ``choice`` reads: the tensor-core layout where it has been made, else the
-    SoA layout (Triton's and the FMA kernel's)."""
-    if choice[0] in ("mma", "rows"):
-        from . import cuda_q4_mma, triton_soa
-
-        layout = triton_soa.cached(blocks, kind, (n, k), make=cuda_q4_mma.repack)
-        if layout is not None:
-            return layout
-    return codes, scales
+        return cuda_q4_mma.gemm(_mma_lib(x2.device, "q4_mma_rows"), x2, mc, ms, n, bias, choice[1], out)
+    return cuda_q4_mma.gemv(_mma_lib(x2.device), x2, mc, ms, n, bias, choice[1], out)
 
 
 def _ulp(dtype: torch.dtype) -> float:

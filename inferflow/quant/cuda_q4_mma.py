@@ -11,7 +11,6 @@ import ctypes
 import torch
 
 from ..native import cuda
-from .l2_prefetch import Prefetch, address
 
 CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
@@ -21,8 +20,8 @@ ROWS_MAX = 64
 WORKSPACE_FLOATS = 1 << 22  # split-K partials of one call (16 MB); the kernel splits less where they would not fit
 COUNTERS = 4096  # row groups a split call can have (more: no split)
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _LL, _LL, _P, _P]  # q4_mma(): see q4_mma.cu
-ROWS_ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _LL, _P, _I, _I, _I, _I, _LL, _LL, _P, _P]  # q4_mma_rows()
+ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _LL, _LL, _P]  # q4_mma(): see q4_mma.cu
+ROWS_ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _LL, _P, _I, _I, _I, _I, _LL, _LL, _P]  # q4_mma_rows()
 ROW_TILES_PER_PASS = 1024  # repack this many 16-row tiles at a time: bounded temporaries for a vocabulary head
 
 
@@ -96,10 +95,9 @@ def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def gemm(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
-         bias: torch.Tensor | None, cfg: int, out: torch.Tensor, pf: Prefetch | None = None) -> torch.Tensor | None:
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor) -> torch.Tensor | None:
     """``out = x2 @ W^T (+ bias)`` [M, N] by the GEMM with launch config ``cfg`` (an index into
-    :data:`ROWS_CONFIGS`), prefetching ``pf`` into L2 meanwhile; None where its workspace cannot be made now (see
-    :func:`workspace`)."""
+    :data:`ROWS_CONFIGS`); None where its workspace cannot be made now (see :func:`workspace`)."""
     space = workspace(x2.device)
     if space is None:
         return None
@@ -108,18 +106,17 @@ def gemm(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.
     err = lib.q4_mma_rows(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(),
                           scales.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
                           ws.data_ptr(), ws.numel(), counters.data_ptr(), counters.numel(), n, codes.shape[1],
-                          x2.shape[0], x2.stride(0), out.stride(0), address(pf), ctypes.c_void_p(stream))
+                          x2.shape[0], x2.stride(0), out.stride(0), ctypes.c_void_p(stream))
     cuda.check(lib, "q4_mma_rows", err)
     return out
 
 
 def gemv(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
-         bias: torch.Tensor | None, cfg: int, out: torch.Tensor, pf: Prefetch | None = None) -> torch.Tensor:
-    """``out = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`), prefetching
-    ``pf`` into L2 meanwhile."""
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor) -> torch.Tensor:
+    """``out = x2 @ W^T (+ bias)`` [M, N] with launch config ``cfg`` (an index into :data:`CONFIGS`)."""
     stream = torch.cuda.current_stream(x2.device).cuda_stream
     err = lib.q4_mma(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(), scales.data_ptr(),
                      bias.data_ptr() if bias is not None else None, out.data_ptr(), n, codes.shape[1], x2.shape[0],
-                     x2.stride(0), out.stride(0), address(pf), ctypes.c_void_p(stream))
+                     x2.stride(0), out.stride(0), ctypes.c_void_p(stream))
     cuda.check(lib, "q4_mma", err)
     return out

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from . import cuda_q4, l2_prefetch
+from . import cuda_q4
 
 GEMV_MAX_ROWS = 16
 GEMM_MAX_ROWS = 256         # 4-bit: the fused tl.dot GEMM up to here; above, decode + cuBLAS (compute-bound sizes)
@@ -207,11 +207,9 @@ def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales
     if not interpreted and m <= CUDA_MAX_ROWS and cuda_q4.supports(x2, kind, bias):
         choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call)
         if choice[0] != cuda_q4.TRITON:
-            # a captured decode step's calls pull the next one's weight into L2 (quant/l2_prefetch.py)
-            pf = l2_prefetch.visit(cuda_q4.weight_of(choice, blocks, codes, scales, kind, n, k))
-            out = cuda_q4.run(choice, x2, blocks, codes, scales, tab, kind, n, k, bias, y, pf)
-            return out if out is not None else triton_call()
-    l2_prefetch.visit((codes, scales))
+            out = cuda_q4.run(choice, x2, blocks, codes, scales, tab, kind, n, k, bias, y)
+            if out is not None:
+                return out
     return triton_call()
 
 
