@@ -68,8 +68,10 @@ def check(engine: bool = True) -> None:
                         continue  # no CUDA kernel takes these rows
                     limit = 1e-5 if dtype == torch.float32 else 8e-3
                     worst = max(errs[:-1] if engine else errs)
+                    fold = [e for c, e in zip(cands, errs) if c[0] == "rows" and cuda_q4_mma.ROWS_CONFIGS[c[1]][2]]
                     print(f"check {kind} {n}x{k} {str(dtype)[6:]} M={m} bias={with_bias}: max rel err "
-                          f"{worst:.2e} (configs){f', {errs[-1]:.2e} (matmul)' if engine else ''}"
+                          f"{worst:.2e} (configs){f', {max(fold):.2e} (scale folded)' if fold else ''}"
+                          f"{f', {errs[-1]:.2e} (matmul)' if engine else ''}"
                           f"{'' if max(errs) <= limit else '  FAILED'}", flush=True)
 
 
@@ -88,7 +90,8 @@ def label(cand: tuple[str, int]) -> str:
         return f"fma R={cuda_q4.CONFIGS[cand[1]]}"
     if cand[0] == "mma":
         return "mma W={},U={}".format(*cuda_q4_mma.CONFIGS[cand[1]])
-    return "rows R={},W={}".format(*cuda_q4_mma.ROWS_CONFIGS[cand[1]])
+    r, w, fold = cuda_q4_mma.ROWS_CONFIGS[cand[1]]
+    return f"rows R={r},W={w}{',fold' if fold else ''}"
 
 
 def _reader():

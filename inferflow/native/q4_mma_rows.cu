@@ -10,7 +10,10 @@
 // decodes each A fragment once, uses it for NT mmas, and reads its B fragments with ldmatrix (the 16-byte chunks of
 // a row swizzled by row & 7: the 8 rows of one 8x8 matrix hit 8 different banks).
 //
-// Sums: float32 per 32-column block, scaled by the block's fp16 d (exact, as the GEMV). Split K: where row groups
+// Sums: float32 per 32-column block, scaled by the block's fp16 d (exact, as the GEMV). Or, FOLD: d folded into
+// the A fragment (one 16-bit multiply per pair of weights: d (q - 8) rounded to the activations' type, as Marlin
+// and a dequantized weight do) and the mmas summing straight into the accumulators: at 64 rows the exact way costs
+// 2 NT zeroings and FFMAs per row tile and block against NT mmas, which made the loop ALU-bound. Split K: where row groups
 // are fewer than the resident blocks (o, down, qkv), blocks also split the column tiles S ways (gridDim.y). Their
 // float32 partials go to a workspace; the block that finishes a row group last adds them up in split order (so the
 // result does not depend on which block ran first), adds the bias, stores, and resets the group's counter to zero
@@ -66,7 +69,20 @@ template <int NT, int TILES> struct Stage {
   uint2 scales[TILES][8];
 };
 
-template <typename T, int NT, int R, int W, int STAGES>
+// A 16-bit float pair (d, d) of T, as a word.
+template <typename T> __device__ __forceinline__ uint32_t scale_pair(float d) {
+  typename Pair<T>::type v;
+  if constexpr (std::is_same_v<T, __half>) v = __floats2half2_rn(d, d); else v = __floats2bfloat162_rn(d, d);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using P = typename Pair<T>::type;
+  P r = __hmul2(*reinterpret_cast<P*>(&a), *reinterpret_cast<P*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+template <typename T, int NT, int R, int W, int STAGES, bool FOLD>
 __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, const uint4* __restrict__ codes,
                                                       const uint2* __restrict__ scales, const T* __restrict__ bias,
                                                       T* __restrict__ y, float* __restrict__ ws,
@@ -152,6 +168,25 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
         const int row = 8 * j + (lane & 7), ch = 4 * blk + (lane >> 3);
         ldmatrix_x4(b[j], &s.x[row * 8 + (ch ^ (row & 7))]);
       }
+      if constexpr (FOLD) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t dg = scale_pair<T>(blk == 0 ? d[r][0].x : d[r][0].y);  // rows g (a0, a2), g + 8 (a1, a3)
+          const uint32_t dg8 = scale_pair<T>(blk == 0 ? d[r][1].x : d[r][1].y);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t a[4];
+            fragment<T>(word(q[r], 2 * blk + h), magic, a);
+            a[0] = mul2<T>(a[0], dg);
+            a[1] = mul2<T>(a[1], dg8);
+            a[2] = mul2<T>(a[2], dg);
+            a[3] = mul2<T>(a[3], dg8);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma<T>(acc[r][j], a, b[j][2 * h], b[j][2 * h + 1]);
+          }
+        }
+        continue;
+      }
       float part[R][NT][4];
       each<R, NT>([&](int r, int j, int i) { part[r][j][i] = 0.f; });
 #pragma unroll
@@ -226,12 +261,12 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
 
 // The grid: one block per row group, times S splits of the column tiles so that the blocks fill the resident
 // slots (at most one split per 16 column tiles, and only as many as the workspace and the counters hold).
-template <typename T, int NT, int R, int W>
+template <typename T, int NT, int R, int W, bool FOLD>
 cudaError_t start(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
                   long long ws_floats, int* counters, int counter_slots, int n, int kt, int m, long long sxm,
                   long long sym, cudaStream_t stream) {
   constexpr int STAGES = NT >= 8 ? 3 : 4;  // 12.5 KB a stage at NT = 8, W R = 8: 37.5 KB of shared memory
-  constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES>;
+  constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES, FOLD>;
   const int rt = (n + 15) / 16, groups = (rt + W * R - 1) / (W * R);
   const int slots = inferflow_cuda::resident_blocks<kernel>(W * 32);
   int splits = (slots + groups / 2) / groups;
@@ -245,23 +280,26 @@ cudaError_t start(const void* x, const void* codes, const void* scales, const vo
   return cudaGetLastError();
 }
 
-template <typename T, int R, int W>
+template <typename T, int R, int W, bool FOLD>
 cudaError_t by_rows(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
                     long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm, long long sym,
                     cudaStream_t s) {
-  if (m <= 16) return start<T, 2, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
-  if (m <= 32) return start<T, 4, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
-  return start<T, 8, R, W>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  if (m <= 16) return start<T, 2, R, W, FOLD>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  if (m <= 32) return start<T, 4, R, W, FOLD>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  return start<T, 8, R, W, FOLD>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
 }
 
 template <typename T>
 cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
                       float* ws, long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm,
                       long long sym, cudaStream_t s) {
-  switch (cfg) {  // (R row tiles per warp, W warps per block): cuda_q4_mma.ROWS_CONFIGS, in order
-    case 0: return by_rows<T, 1, 8>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
-    case 1: return by_rows<T, 1, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
-    case 2: return by_rows<T, 2, 4>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  switch (cfg) {  // (R row tiles per warp, W warps per block, FOLD): cuda_q4_mma.ROWS_CONFIGS, in order
+    case 0: return by_rows<T, 1, 8, false>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 1: return by_rows<T, 1, 4, false>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 2: return by_rows<T, 2, 4, false>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 3: return by_rows<T, 1, 8, true>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 4: return by_rows<T, 1, 4, true>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 5: return by_rows<T, 2, 4, true>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -270,7 +308,7 @@ cudaError_t by_config(int cfg, const void* x, const void* codes, const void* sca
 
 extern "C" {
 
-int q4_mma_rows_configs() { return 3; }
+int q4_mma_rows_configs() { return 6; }
 
 // dtype: 1 bfloat16, 2 float16; m: activation rows, 1..64; kt: column tiles (K / 64); x: 16-byte aligned rows.
 // ws: float32 workspace of ws_floats, counters: counter_slots ints, zero (the kernel leaves them zero).

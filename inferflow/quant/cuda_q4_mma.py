@@ -15,7 +15,9 @@ from ..native import cuda
 CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
 MAX_ROWS = 8
-ROWS_CONFIGS: tuple[tuple[int, int], ...] = ((1, 8), (1, 4), (2, 4))  # (R, W), q4_mma_rows.cu's order
+# (R, W, FOLD), q4_mma_rows.cu's order; FOLD: the block scale multiplied into the weights before the mma (rounded)
+ROWS_CONFIGS: tuple[tuple[int, int, bool], ...] = ((1, 8, False), (1, 4, False), (2, 4, False), (1, 8, True),
+                                                   (1, 4, True), (2, 4, True))
 ROWS_MAX = 64
 WORKSPACE_FLOATS = 1 << 22  # split-K partials of one call (16 MB); the kernel splits less where they would not fit
 COUNTERS = 4096  # row groups a split call can have (more: no split)
