@@ -17,7 +17,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def test_service_process_from_ini(tmp_path):
-    folder = chat_llama(tmp_path / "tiny")
+    chat_llama(tmp_path / "tiny")  # the model folder the ini names
     port = free_port()
     ini = tmp_path / "inferflow_service.ini"
     ini.write_text(textwrap.dedent(f"""
