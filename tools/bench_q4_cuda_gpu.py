@@ -90,8 +90,8 @@ def label(cand: tuple[str, int]) -> str:
         return f"fma R={cuda_q4.CONFIGS[cand[1]]}"
     if cand[0] == "mma":
         return "mma W={},U={}".format(*cuda_q4_mma.CONFIGS[cand[1]])
-    r, w, fold = cuda_q4_mma.ROWS_CONFIGS[cand[1]]
-    return f"rows R={r},W={w}{',fold' if fold else ''}"
+    r, w, fold, minb = cuda_q4_mma.ROWS_CONFIGS[cand[1]]
+    return f"rows R={r},W={w}{',fold' if fold else ''}{f',{minb}/SM' if minb > 1 else ''}"
 
 
 def _reader():

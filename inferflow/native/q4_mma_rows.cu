@@ -82,8 +82,9 @@ template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint3
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
-template <typename T, int NT, int R, int W, int STAGES, bool FOLD>
-__global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, const uint4* __restrict__ codes,
+// MINB: blocks per SM that the register allocation must allow (1: no bound; more trades spills for occupancy).
+template <typename T, int NT, int R, int W, int STAGES, bool FOLD, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) q4_mma_rows(const T* __restrict__ x, const uint4* __restrict__ codes,
                                                       const uint2* __restrict__ scales, const T* __restrict__ bias,
                                                       T* __restrict__ y, float* __restrict__ ws,
                                                       int* __restrict__ counters, int n, int kt, int m,
@@ -162,31 +163,42 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
     }
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {  // the two 32-column blocks: k-steps 2 blk, 2 blk + 1
-      uint32_t b[NT][4];                 // n-tile j: b0, b1 of k-step 2 blk, then of 2 blk + 1
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
+      // n-tile j's B fragments: b0, b1 of k-step 2 blk, then of 2 blk + 1
+      auto load_b = [&](int j, uint32_t (&bj)[4]) {
         const int row = 8 * j + (lane & 7), ch = 4 * blk + (lane >> 3);
-        ldmatrix_x4(b[j], &s.x[row * 8 + (ch ^ (row & 7))]);
-      }
+        ldmatrix_x4(bj, &s.x[row * 8 + (ch ^ (row & 7))]);
+      };
       if constexpr (FOLD) {
+        // both k-steps' A fragments first, then one n-tile at a time: 4 B registers live, not 4 NT (at NT = 8
+        // the kernel's registers, with shared memory, held it to 4 blocks per SM)
+        uint32_t a[R][2][4];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const uint32_t dg = scale_pair<T>(blk == 0 ? d[r][0].x : d[r][0].y);  // rows g (a0, a2), g + 8 (a1, a3)
           const uint32_t dg8 = scale_pair<T>(blk == 0 ? d[r][1].x : d[r][1].y);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            uint32_t a[4];
-            fragment<T>(word(q[r], 2 * blk + h), magic, a);
-            a[0] = mul2<T>(a[0], dg);
-            a[1] = mul2<T>(a[1], dg8);
-            a[2] = mul2<T>(a[2], dg);
-            a[3] = mul2<T>(a[3], dg8);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma<T>(acc[r][j], a, b[j][2 * h], b[j][2 * h + 1]);
+            fragment<T>(word(q[r], 2 * blk + h), magic, a[r][h]);
+            a[r][h][0] = mul2<T>(a[r][h][0], dg);
+            a[r][h][1] = mul2<T>(a[r][h][1], dg8);
+            a[r][h][2] = mul2<T>(a[r][h][2], dg);
+            a[r][h][3] = mul2<T>(a[r][h][3], dg8);
           }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          uint32_t bj[4];
+          load_b(j, bj);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mma<T>(acc[r][j], a[r][h], bj[2 * h], bj[2 * h + 1]);
         }
         continue;
       }
+      uint32_t b[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) load_b(j, b[j]);
       float part[R][NT][4];
       each<R, NT>([&](int r, int j, int i) { part[r][j][i] = 0.f; });
 #pragma unroll
@@ -261,12 +273,12 @@ __global__ void __launch_bounds__(W * 32) q4_mma_rows(const T* __restrict__ x, c
 
 // The grid: one block per row group, times S splits of the column tiles so that the blocks fill the resident
 // slots (at most one split per 16 column tiles, and only as many as the workspace and the counters hold).
-template <typename T, int NT, int R, int W, bool FOLD>
+template <typename T, int NT, int R, int W, bool FOLD, int MINB>
 cudaError_t start(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
                   long long ws_floats, int* counters, int counter_slots, int n, int kt, int m, long long sxm,
                   long long sym, cudaStream_t stream) {
   constexpr int STAGES = NT >= 8 ? 3 : 4;  // 12.5 KB a stage at NT = 8, W R = 8: 37.5 KB of shared memory
-  constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES, FOLD>;
+  constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES, FOLD, MINB>;
   const int rt = (n + 15) / 16, groups = (rt + W * R - 1) / (W * R);
   const int slots = inferflow_cuda::resident_blocks<kernel>(W * 32);
   int splits = (slots + groups / 2) / groups;
@@ -280,26 +292,29 @@ cudaError_t start(const void* x, const void* codes, const void* scales, const vo
   return cudaGetLastError();
 }
 
-template <typename T, int R, int W, bool FOLD>
+template <typename T, int R, int W, bool FOLD, int MINB = 1>
 cudaError_t by_rows(const void* x, const void* codes, const void* scales, const void* bias, void* y, float* ws,
                     long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm, long long sym,
                     cudaStream_t s) {
-  if (m <= 16) return start<T, 2, R, W, FOLD>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
-  if (m <= 32) return start<T, 4, R, W, FOLD>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
-  return start<T, 8, R, W, FOLD>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  if (m <= 16) return start<T, 2, R, W, FOLD, MINB>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  if (m <= 32) return start<T, 4, R, W, FOLD, MINB>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+  return start<T, 8, R, W, FOLD, MINB>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
 }
 
 template <typename T>
 cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
                       float* ws, long long wsf, int* cnt, int slots, int n, int kt, int m, long long sxm,
                       long long sym, cudaStream_t s) {
-  switch (cfg) {  // (R row tiles per warp, W warps per block, FOLD): cuda_q4_mma.ROWS_CONFIGS, in order
+  switch (cfg) {  // (R row tiles per warp, W warps per block, FOLD, MINB): cuda_q4_mma.ROWS_CONFIGS, in order
     case 0: return by_rows<T, 1, 8, false>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     case 1: return by_rows<T, 1, 4, false>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     case 2: return by_rows<T, 2, 4, false>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     case 3: return by_rows<T, 1, 8, true>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     case 4: return by_rows<T, 1, 4, true>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     case 5: return by_rows<T, 2, 4, true>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 6: return by_rows<T, 1, 4, true, 5>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 7: return by_rows<T, 1, 4, true, 6>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
+    case 8: return by_rows<T, 1, 8, true, 3>(x, codes, scales, bias, y, ws, wsf, cnt, slots, n, kt, m, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -308,7 +323,7 @@ cudaError_t by_config(int cfg, const void* x, const void* codes, const void* sca
 
 extern "C" {
 
-int q4_mma_rows_configs() { return 6; }
+int q4_mma_rows_configs() { return 9; }
 
 // dtype: 1 bfloat16, 2 float16; m: activation rows, 1..64; kt: column tiles (K / 64); x: 16-byte aligned rows.
 // ws: float32 workspace of ws_floats, counters: counter_slots ints, zero (the kernel leaves them zero).

@@ -15,9 +15,11 @@ from ..native import cuda
 CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
 MAX_ROWS = 8
-# (R, W, FOLD), q4_mma_rows.cu's order; FOLD: the block scale multiplied into the weights before the mma (rounded)
-ROWS_CONFIGS: tuple[tuple[int, int, bool], ...] = ((1, 8, False), (1, 4, False), (2, 4, False), (1, 8, True),
-                                                   (1, 4, True), (2, 4, True))
+# (R, W, FOLD, MINB), q4_mma_rows.cu's order; FOLD: the block scale multiplied into the weights before the mma
+# (rounded); MINB: blocks per SM the registers must allow (1: unbounded)
+ROWS_CONFIGS: tuple[tuple[int, int, bool, int], ...] = (
+    (1, 8, False, 1), (1, 4, False, 1), (2, 4, False, 1), (1, 8, True, 1), (1, 4, True, 1), (2, 4, True, 1),
+    (1, 4, True, 5), (1, 4, True, 6), (1, 8, True, 3))
 ROWS_MAX = 64
 WORKSPACE_FLOATS = 1 << 22  # split-K partials of one call (16 MB); the kernel splits less where they would not fit
 COUNTERS = 4096  # row groups a split call can have (more: no split)
