@@ -1,6 +1,6 @@
 // The tensor-core 4-bit decode shared by q4_mma.cu (1-8 activation rows) and q4_mma_rows.cu (up to 64): a Q4_0
-// code pair made an exact 16-bit float pair q - 8 for mma.sync m16n8k16, and the mma itself. The weight layout is
-// documented in q4_mma.cu.
+// code pair made an exact 16-bit float pair q - 8 for mma.sync m16n8k16, the mma itself, the scale fold and the
+// GEMM's staging copies. The weight layout is documented in q4_mma.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,6 +54,35 @@ template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const u
 __device__ __forceinline__ void tile_scales(const uint2& sc, float2 (&d)[2]) {
   d[0] = __half22float2(*reinterpret_cast<const __half2*>(&sc.x));
   d[1] = __half22float2(*reinterpret_cast<const __half2*>(&sc.y));
+}
+
+// A 16-bit float pair (d, d) of T, as a word.
+template <typename T> __device__ __forceinline__ uint32_t scale_pair(float d) {
+  typename Pair<T>::type v;
+  if constexpr (std::is_same_v<T, __half>) v = __floats2half2_rn(d, d); else v = __floats2bfloat162_rn(d, d);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// a * b, per 16-bit half (a block scale folded into an A fragment: rounded to T).
+template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using P = typename Pair<T>::type;
+  P r = __hmul2(*reinterpret_cast<P*>(&a), *reinterpret_cast<P*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// The GEMM's staging (q4_mma_rows.cu): 16 bytes global -> shared, zero-filled when !ok (nothing is read then).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&b)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(s));
 }
 
 }  // namespace inferflow_cuda

@@ -28,28 +28,19 @@
 
 namespace {
 
+using inferflow_cuda::cp_async16;
+using inferflow_cuda::cp_async_commit;
+using inferflow_cuda::cp_async_wait;
 using inferflow_cuda::fragment;
+using inferflow_cuda::ldmatrix_x4;
 using inferflow_cuda::mma;
+using inferflow_cuda::mul2;
 using inferflow_cuda::Pair;
+using inferflow_cuda::scale_pair;
 using inferflow_cuda::store;
 using inferflow_cuda::tile_scales;
 using inferflow_cuda::to_float;
 using inferflow_cuda::word;
-
-// 16 bytes global -> shared, zero-filled when !ok (nothing is read then).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&b)[4], const void* p) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(s));
-}
 
 // f(r, j, i) for every accumulator of a warp: row tile r, n-tile j, C-fragment element i (unrolled).
 template <int R, int NT, typename F> __device__ __forceinline__ void each(F f) {
@@ -68,19 +59,6 @@ template <int NT, int TILES> struct Stage {
   uint4 codes[TILES][32];
   uint2 scales[TILES][8];
 };
-
-// A 16-bit float pair (d, d) of T, as a word.
-template <typename T> __device__ __forceinline__ uint32_t scale_pair(float d) {
-  typename Pair<T>::type v;
-  if constexpr (std::is_same_v<T, __half>) v = __floats2half2_rn(d, d); else v = __floats2bfloat162_rn(d, d);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
-  using P = typename Pair<T>::type;
-  P r = __hmul2(*reinterpret_cast<P*>(&a), *reinterpret_cast<P*>(&b));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
 
 // MINB: blocks per SM that the register allocation must allow (1: no bound; more trades spills for occupancy).
 template <typename T, int NT, int R, int W, int STAGES, bool FOLD, int MINB>
@@ -194,32 +172,32 @@ __global__ void __launch_bounds__(W * 32, MINB) q4_mma_rows(const T* __restrict_
 #pragma unroll
             for (int h = 0; h < 2; ++h) mma<T>(acc[r][j], a[r][h], bj[2 * h], bj[2 * h + 1]);
         }
-        continue;
-      }
-      uint32_t b[NT][4];
+      } else {
+        uint32_t b[NT][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) load_b(j, b[j]);
-      float part[R][NT][4];
-      each<R, NT>([&](int r, int j, int i) { part[r][j][i] = 0.f; });
+        for (int j = 0; j < NT; ++j) load_b(j, b[j]);
+        float part[R][NT][4];
+        each<R, NT>([&](int r, int j, int i) { part[r][j][i] = 0.f; });
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            uint32_t a[4];
+            fragment<T>(word(q[r], 2 * blk + h), magic, a);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma<T>(part[r][j], a, b[j][2 * h], b[j][2 * h + 1]);
+          }
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          uint32_t a[4];
-          fragment<T>(word(q[r], 2 * blk + h), magic, a);
+          const float dg = blk == 0 ? d[r][0].x : d[r][0].y, dg8 = blk == 0 ? d[r][1].x : d[r][1].y;
 #pragma unroll
-          for (int j = 0; j < NT; ++j) mma<T>(part[r][j], a, b[j][2 * h], b[j][2 * h + 1]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float dg = blk == 0 ? d[r][0].x : d[r][0].y, dg8 = blk == 0 ? d[r][1].x : d[r][1].y;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          acc[r][j][0] = __fmaf_rn(dg, part[r][j][0], acc[r][j][0]);
-          acc[r][j][1] = __fmaf_rn(dg, part[r][j][1], acc[r][j][1]);
-          acc[r][j][2] = __fmaf_rn(dg8, part[r][j][2], acc[r][j][2]);
-          acc[r][j][3] = __fmaf_rn(dg8, part[r][j][3], acc[r][j][3]);
+          for (int j = 0; j < NT; ++j) {
+            acc[r][j][0] = __fmaf_rn(dg, part[r][j][0], acc[r][j][0]);
+            acc[r][j][1] = __fmaf_rn(dg, part[r][j][1], acc[r][j][1]);
+            acc[r][j][2] = __fmaf_rn(dg8, part[r][j][2], acc[r][j][2]);
+            acc[r][j][3] = __fmaf_rn(dg8, part[r][j][3], acc[r][j][3]);
+          }
         }
       }
     }
