@@ -31,6 +31,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "n64": {"block_n": 64},
     "part64": {"min_part": 64},
     "part128": {"min_part": 128},
+    "part32n32": {"min_part": 32, "block_n": 32},
+    "part64n32": {"min_part": 64, "block_n": 32},
+    "part128n32": {"min_part": 128, "block_n": 32},
+    "n128": {"block_n": 128},
+    "n128w8": {"block_n": 128, "num_warps": 8},
+    "n256w8": {"block_n": 256, "num_warps": 8},
+    "n64w8": {"block_n": 64, "num_warps": 8},
+    "n128w8p512": {"block_n": 128, "num_warps": 8, "min_part": 512},
     "merge-kernel": {"ticket": False, "min_part": 64},
     "warps2": {"num_warps": 2},
     "st1": {"num_stages": 1},
@@ -158,6 +166,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=40.0)
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--cases", default="", help="comma-separated case names to run (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     t0 = time.time()
@@ -170,13 +179,16 @@ def main() -> int:
     print("fused q/k norm + rope + kv write", res["fused_kv"], flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     cases = {"b1 L136": (1, [136], 288), "b64 L136": (64, [136] * 64, 288), "b1 L4000": (1, [4000], 4112),
-             "b64 ragged<=1000": (64, torch.randint(1, 1000, (64,)).tolist(), 1040), "b8 L136": (8, [136] * 8, 288)}
+             "b64 ragged<=1000": (64, torch.randint(1, 1000, (64,)).tolist(), 1040), "b8 L136": (8, [136] * 8, 288),
+             "b1 L1024": (1, [1024], 1040), "b16 L512": (16, [512] * 16, 528)}
     fns = {}
     if a.old:
         fns["old"] = load_old(a.old).paged_decode
     for v in a.variants.split(","):
         kw = VARIANTS[v]
         fns[v] = (lambda kw: lambda *x, **k: ta.paged_decode(*x, **k, **kw))(kw)
+    if a.cases:
+        cases = {k: v for k, v in cases.items() if k in a.cases.split(",")}
     for cname, (B, lens, ml) in cases.items():
         case = make_case(B, lens, ml, a.layers if B < 64 else a.layers // 3, g)
         for name, fn in fns.items():

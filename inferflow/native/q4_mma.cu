@@ -18,7 +18,9 @@
 //
 // Work: a block of W warps owns a row tile at a time (persistent over tiles; every block the same number), its
 // warps splitting the column tiles, U of them per step, the next step's codes loaded before this step's mma; the
-// warps' float32 partials are summed in a fixed order through shared memory.
+// warps' float32 partials are summed in a fixed order through shared memory. 12-16 warps per row tile are for
+// the shapes with few row tiles (qkv, o, down: 256-384): with 8, their blocks left half of each SM's warp slots
+// empty, and 16 took down from 18.0 to 14.0 us and o from 8.1 to 6.9 (M = 1, L2 flushed; docs/benchmarks.md).
 //
 // Why every block gets the same number of row tiles (ncu, gate/up 24576 x 4096, M = 1): with one block per
 // resident slot, 1188 blocks for 1536 row tiles, the SMs sat idle for 28% of the kernel while a third of the
@@ -201,6 +203,9 @@ cudaError_t by_config(int cfg, const void* x, const void* codes, const void* sca
     case 2: return launch<T, 8, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     case 3: return launch<T, 8, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     case 4: return launch<T, 2, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 5: return launch<T, 16, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 6: return launch<T, 16, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 7: return launch<T, 12, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -209,7 +214,7 @@ cudaError_t by_config(int cfg, const void* x, const void* codes, const void* sca
 
 extern "C" {
 
-int q4_mma_configs() { return 5; }
+int q4_mma_configs() { return 8; }
 
 // dtype: 1 bfloat16, 2 float16 (activations, bias, output); m: activation rows, 1..8; kt: column tiles (K / 64).
 int q4_mma(int device, int dtype, int cfg, const void* x, const void* codes, const void* scales, const void* bias,

@@ -12,7 +12,8 @@ import torch
 
 from ..native import cuda
 
-CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4))  # (W, U), q4_mma.cu's order
+# (W, U), q4_mma.cu's order; 12-16 warps per row tile: the shapes with few row tiles (qkv, o, down) fill the SMs
+CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4), (16, 1), (16, 2), (12, 1))
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
 MAX_ROWS = 8
 # (R, W, FOLD, MINB), q4_mma_rows.cu's order; FOLD: the block scale multiplied into the weights before the mma
