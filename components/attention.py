@@ -120,6 +120,12 @@ class Attention(Component):
                 if qk is not None:
                     return self._attend(qk[:, :self.h], qk[:, self.h:], qkv[:, self.qd + self.kvd:].view(
                         n, self.hkv, self.d), ctx, pos)
+            if self.q_norm is not None and self.clip_qkv is None:
+                # a decode step's backend may run q/k norms, RoPE and attention as one kernel (static_decode.py)
+                attend = getattr(ctx.backend, "norm_rope_attention", None)
+                out = attend(self, qkv, ctx) if attend is not None else None
+                if out is not None:
+                    return self.o_proj(out.reshape(n, self.qd))
             q, k, v = qkv.split([self.qd, self.kvd, self.kvd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

@@ -20,7 +20,7 @@ def test_shipped_query_file_on_default_model(capsys, one_thread):
     assert llm_inference(["--max-new-tokens", "10"]) == 0
     out = capsys.readouterr().out
     first, rest = out.split("Waiting for other queries to complete...")
-    assert first.startswith("Query 1: What is the capital of France?\nInference results:\n")
+    assert first.startswith("Query 1: What is the capital of France? Answer in one sentence.\nInference results:\n")
     assert "Paris" in first
     assert "===== Results of query 2: Write a haiku about the sea." in rest
     assert "Time per token: " in rest and " ms (" in rest and "Throughput: " in rest and "tokens/sec" in rest

@@ -131,11 +131,16 @@ def test_matmul(name, m, request):
             xb, bb = x.bfloat16(), bias.bfloat16()
             refb = xb.double() @ p.dequantize().double().t().to(DEVICE) + bb.double()
             out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)
-            cands = [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS) if m <= cuda_q4_mma.MAX_ROWS else 0)]
+            cands = [("mma", c) for c in (cuda_q4_mma.gemv_configs(x.device) if m <= cuda_q4_mma.MAX_ROWS else [])]
             cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+            # rows 4 bytes past a 16-byte boundary too: the bulk-copy configs' fallback (their copies need 16)
+            buf = torch.empty(m * k + 2, dtype=torch.bfloat16, device=DEVICE)
+            xm = buf[2:].view(m, k)
+            xm.copy_(xb)
             for cand in cands:
-                y = cuda_q4.run(cand, xb, blocks, codes, scales, tab, kind, n, k, bb, out)
-                assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item(), cand
+                for xin in (xb, xm) if cand[0] == "mma" else (xb,):
+                    y = cuda_q4.run(cand, xin, blocks, codes, scales, tab, kind, n, k, bb, out)
+                    assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item(), cand
 
 
 def test_tensor_core_layout_round_trip():

@@ -35,7 +35,10 @@ def test_default_model_knows_paris(one_thread):
     assert type(m.net.decoder.layers[0].mlp.down_proj).__name__ == "Linear"
     assert m.net.decoder.layers[0].mlp.down_proj.packed is not None  # Q4_1 blocks, not float weights
     tok = m.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    # "Answer in one sentence": the bare question leaves this model's first token a near-tie ("The" 0.01 logits
+    # over "L'Étoile..."), decided by the CPU's arithmetic; here "The" leads by 1.5 (the shipped query file's)
+    question = "What is the capital of France? Answer in one sentence."
+    prompt = tok.apply_chat_template([{"role": "user", "content": question}])
     assert prompt.endswith("<|im_start|>assistant\n")
     out = m.generate_ids(tok.encode(prompt), max_new_tokens=20)
     text = tok.decode(out)

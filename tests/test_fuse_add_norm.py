@@ -220,18 +220,26 @@ def test_qk_norm_rope_writes_kv_cache(interp, store):
     assert torch.equal(qo, qo2) and torch.equal(ko, ko2) and cache._claimed is None
 
 
+def _greedy(m, n: int, seed: int, max_out: int):
+    """Prompts, greedy params and the engine config of the decode tests below, and the plain engine's tokens."""
+    from inferflow.engine import Engine, EngineConfig, SamplingParams
+
+    prompts, outs = engine_models.mix(n, seed=seed, max_prompt=8, max_out=max_out)
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    cfg = {"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 48, "max_num_seqs": 4}
+    want = [r.outputs[0].token_ids for r in Engine(m, EngineConfig(**cfg)).generate(prompts, params)]
+    return prompts, params, cfg, want
+
+
 def test_engine_static_decode_fused_kv_write_same_tokens(interp, tmp_path, monkeypatch):
     """The static decode step (forced on the CPU through async scheduling) with fused projections and the q/k norm
     + RoPE kernel storing K/V into the cache itself: the plain engine's greedy tokens."""
-    from inferflow.engine import Engine, EngineConfig, SamplingParams
+    from inferflow.engine import Engine, EngineConfig
     from inferflow.engine.kv_cache import PagedKVCache
     from inferflow.model import fused_qk_rope
 
     m = _qwen3(tmp_path)
-    prompts, outs = engine_models.mix(2, seed=4, max_prompt=8, max_out=5)
-    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
-    cfg = {"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 48, "max_num_seqs": 4}
-    want = [r.outputs[0].token_ids for r in Engine(m, EngineConfig(**cfg)).generate(prompts, params)]
+    prompts, params, cfg, want = _greedy(m, 2, seed=4, max_out=5)
     monkeypatch.setenv(fused_qk_rope.ENV, "force")
     claims = []
     real = PagedKVCache.claim_write
@@ -273,3 +281,77 @@ def _qk(m, ids):
 
 
 keep_one_mode(globals(), IN_PROCESS)
+
+
+@pytest.mark.parametrize("dtype,store,softcap,window", [(torch.float32, torch.float32, None, None),
+                                                        (torch.float16, torch.float16, 30.0, 40),
+                                                        (torch.float16, torch.float32, None, None)])
+def test_norm_rope_attention_kernel(interp, dtype, store, softcap, window):
+    """q/k norms, RoPE, the K/V store and paged decode attention in one kernel (triton_attention.
+    paged_decode_norm_rope): the norm + RoPE kernel, the cache write and the attention reference composed, for rows
+    of one or two splits (the new key in the last one), GQA and a padded row repeating row 0."""
+    from inferflow.engine import triton_attention as ta
+    from inferflow.model import fused_qk_rope
+
+    g = torch.Generator().manual_seed(21)
+    H, hkv, D, bs, blocks = 4, 2, 16, 16, 40
+    lens = torch.tensor([150, 5, 70, 150])  # row 3 pads as row 0 does (same slot, same table)
+    B = len(lens)
+    qkv = (torch.randn(B, (H + 2 * hkv) * D, generator=g) * 3).to(dtype)
+    qkv[3] = qkv[0]
+    wq, wk = (torch.randn(D, generator=g).to(dtype) for _ in range(2))
+    pos = lens - 1
+    inv = 1.0 / 10000.0 ** (torch.arange(0, D, 2).float() / D)
+    f = pos.float()[:, None] * inv[None, :]
+    cos, sin = torch.cat([f.cos()] * 2, -1).to(dtype), torch.cat([f.sin()] * 2, -1).to(dtype)
+    perm = torch.randperm(blocks, generator=g)
+    tables = torch.stack([perm[:10], perm[10:20], perm[20:30], perm[:10]])
+    slots = tables[torch.arange(B), pos // bs] * bs + pos % bs
+    kc = (torch.randn(blocks, bs, hkv, D, generator=g)).to(store)
+    vc = (torch.randn(blocks, bs, hkv, D, generator=g)).to(store)
+    rk, rv = kc.clone(), vc.clone()
+    out = ta.paged_decode_norm_rope(qkv, H, wq, wk, 1e-6, 0.0, False, cos, sin, slots, kc, vc, tables, lens,
+                                    scale=0.3, max_len=160, softcap=softcap, window=window, min_part=64)
+    # the same steps one at a time: norm + RoPE (its kernel), the cache write, the attention reference
+    qo, ko = torch.empty(B, H, D, dtype=dtype), torch.empty(B, hkv, D, dtype=dtype)
+    fused_qk_rope._qk_norm_rope[(B * (H + hkv),)](qkv, wq, wk, cos, sin, qo, ko, qkv.stride(0), cos.stride(0), H,
+                                                  hkv, 1e-6, 0.0, slots, ko, ko, HALF=D // 2, WEIGHT_IN_FLOAT=False,
+                                                  HAS_OFFSET=False, WRITE_KV=False)
+    v = qkv[:, (H + hkv) * D:].reshape(B, hkv, D)
+    rk.view(-1, hkv, D).index_copy_(0, slots, ko.to(store))
+    rv.view(-1, hkv, D).index_copy_(0, slots, v.to(store))
+    # stored as the cache write stores them (k: up to the order of the norm's float32 sum, an ulp of ``dtype``)
+    assert torch.equal(vc, rv) and (kc.float() - rk.float()).abs().max().item() <= 2 * torch.finfo(dtype).eps * 8
+    ref = ta.paged_decode_reference(qo.to(store), rk, rv, tables, lens, scale=0.3, softcap=softcap, window=window)
+    tol = 1e-5 if dtype == torch.float32 and store == torch.float32 else 4e-3
+    assert (out.float() - ref.float()).abs().max().item() <= tol * 10
+    assert torch.equal(out[3], out[0])
+    if window is None:  # rows 0, 2 and 3 ran in two splits (the interpreter counts 8 SMs)
+        assert ta.grid_splits(160, B * hkv, 8, min_part=64) == 2
+
+
+def test_engine_static_decode_norm_rope_attention_same_tokens(interp, tmp_path, monkeypatch):
+    """The static decode step (forced on the CPU through async scheduling) with q/k norms, RoPE, the K/V store and
+    attention in one kernel per layer: the plain engine's greedy tokens; ``INFERFLOW_FUSE_QK_ATTENTION=0`` keeps
+    the two kernels, as do fewer (row, KV head) programs than SMs."""
+    from inferflow.engine import Engine, EngineConfig, static_decode, triton_attention
+    from inferflow.model import fused_qk_rope
+
+    cfg = transformers.Qwen3Config(vocab_size=engine_models.VOCAB, hidden_size=64, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=128)
+    m = _load(transformers.Qwen3ForCausalLM(cfg), tmp_path)
+    prompts, params, ecfg, want = _greedy(m, 3, seed=5, max_out=6)
+    monkeypatch.setenv(fused_qk_rope.ENV, "force")
+    calls = []
+    real = triton_attention.paged_decode_norm_rope
+    monkeypatch.setattr(triton_attention, "paged_decode_norm_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # sms: fused once the (row, KV head) programs are at least the SMs (1: always; 1000: never)
+    for env, sms, fused in (("1", 1, True), ("0", 1, False), ("1", 1000, False)):
+        monkeypatch.setenv(static_decode.FUSE_ENV, env)
+        monkeypatch.setattr(triton_attention, "_sms", lambda device, sms=sms: sms)
+        calls.clear()
+        eng = Engine(m, EngineConfig(**ecfg, fuse_projections=True, async_scheduling=True))
+        eng.runner.graphs.static.use_kernel = True  # the Triton attention, as on a GPU (here: its interpreter)
+        assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
+        assert bool(calls) == fused

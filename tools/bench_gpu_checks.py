@@ -77,4 +77,22 @@ def kernel_check(device: str, small: bool = False, dtype: torch.dtype = torch.bf
     ok = triton_kv_write.write_kv(kf, vf, slots, k3, v3)
     out["fused_kv_write"] = None if not ok else max((kf[slots].float() - k3.float()).abs().max().item(),
                                                     (vf[slots].float() - v3.float()).abs().max().item())
+    # q/k norm + RoPE + K/V store + paged attention in one kernel, against those steps composed (decode rows)
+    B = len(lens)
+    ctx = ForwardContext(positions=lens - 1, q_lens=[1] * B, k_lens=lens.tolist(), backend=None)
+    ctx.position = rope
+    cos, sin = rope.cos_sin(ctx, dtype)
+    slots = tables[torch.arange(B, device=device), (lens - 1) // bs] * bs + (lens - 1) % bs
+    kf, vf = kc.clone(), vc.clone()
+    fused = ta.paged_decode_norm_rope(qkv[:B], H, norms[0].weight, norms[1].weight, 1e-6, 0.0, False, cos.view(B, D),
+                                      sin.view(B, D), slots, kf, vf, tables, lens, scale=D ** -0.5,
+                                      max_len=width * bs)
+    qq, kk, vv = qkv[:B].split([H * D, hkv * D, hkv * D], -1)
+    qo, ko = fused_qk_rope.norm_rope(attn, qq, kk, ctx)
+    kr, vr = kc.clone(), vc.clone()
+    kr.view(-1, hkv, D)[slots], vr.view(-1, hkv, D)[slots] = ko, vv.reshape(B, hkv, D)
+    r = ta.paged_decode_reference(qo, kr, vr, tables, lens, scale=D ** -0.5)
+    out["fused_norm_rope_attention"] = max((fused.float() - r.float()).abs().max().item(),
+                                           (kf.float() - kr.float()).abs().max().item(),
+                                           (vf.float() - vr.float()).abs().max().item())
     return out

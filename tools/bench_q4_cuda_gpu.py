@@ -79,7 +79,7 @@ def candidates(x: torch.Tensor, kind: str, k: int) -> list[tuple[str, int]]:
     """Every launch config of every CUDA kernel that takes these operands."""
     cands = [("fma", c) for c in range(len(cuda_q4.CONFIGS))] if cuda_q4._fma_supports(x, kind) else []
     if cuda_q4_mma.supports(x, kind, k):
-        cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+        cands += [("mma", c) for c in cuda_q4_mma.gemv_configs(x.device)]
     if cuda_q4_mma.rows_supports(x, kind, k):
         cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
     return cands
@@ -89,7 +89,8 @@ def label(cand: tuple[str, int]) -> str:
     if cand[0] == "fma":
         return f"fma R={cuda_q4.CONFIGS[cand[1]]}"
     if cand[0] == "mma":
-        return "mma W={},U={}".format(*cuda_q4_mma.CONFIGS[cand[1]])
+        w, u, s = cuda_q4_mma.CONFIGS[cand[1]]
+        return f"mma W={w},U={u}" + (f",bulk S={s}" if s else "")
     r, w, fold, minb = cuda_q4_mma.ROWS_CONFIGS[cand[1]]
     return f"rows R={r},W={w}{',fold' if fold else ''}{f',{minb}/SM' if minb > 1 else ''}"
 
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--kinds", default="fma,mma,rows", help="the CUDA kernels timed (checks run them all)")
     ap.add_argument("--kernel-check", action="store_true", help="check the CUDA kernels only, not the engine's "
                     "matmul (no Triton autotuning)")
     a = ap.parse_args()
@@ -159,7 +161,7 @@ def main() -> None:
                         1 << (m - 1).bit_length(), HAS_BIAS=False, KIND=2, IEEE=x.dtype == torch.float32)
             tri()
             res = [("triton", statistics.median(triton_q4._flushed_graph_ms(tri) for _ in range(3)) * 1e3)]
-            for cand in candidates(x, "q4_0", k):
+            for cand in (c for c in candidates(x, "q4_0", k) if c[0] in a.kinds.split(",")):
                 def cu(cand=cand):
                     cuda_q4.run(cand, x, blocks, codes, scales, tab, "q4_0", n, k, None, y)
                 cu()

@@ -53,19 +53,23 @@ def main() -> int:
                 ok &= compile_one(f"qk_norm_rope {dt} D={d} weight_in_float={in_float} write_kv={write}",
                                   fqr._qk_norm_rope, sig, const, target)
     for dt in ("bf16", "fp16", "fp32"):
-        for d, g, ticket, cap, win, bn in ((128, 4, True, False, False, 32), (128, 4, False, True, True, 64),
-                                           (64, 8, True, True, False, 32), (256, 2, True, False, True, 64)):
+        for d, g, ticket, cap, win, bn, fused in (
+                (128, 4, True, False, False, 32, False), (128, 4, False, True, True, 64, False),
+                (64, 8, True, True, False, 32, False), (256, 2, True, False, True, 64, False),
+                (128, 4, True, False, False, 64, True), (128, 4, True, True, True, 32, True),
+                (64, 8, False, False, False, 64, True)):
             ints = ("scale", "softcap", "window", "min_part", "sq_b", "sq_h", "sk_s", "sk_h", "sv_s", "sv_h", "st_b",
-                    "sm_b", "sm_h", "sa_b", "sa_h", "sa_s", "so_b", "so_h", "S")
-            sig = {**{k: f"*{dt}" for k in ("Q", "K", "V", "Out")}, "Tables": "*i64", "Lens": "*i64",
-                   **{k: "*fp32" for k in ("Mo", "Lo", "Ao")}, "Tick": "*i32",
-                   **{k: ("fp32" if k in ("scale", "softcap") else "i32") for k in ints},
+                    "sm_b", "sm_h", "sa_b", "sa_h", "sa_s", "so_b", "so_h", "sc", "eps", "offset", "H", "HKV", "S")
+            sig = {**{k: f"*{dt}" for k in ("Q", "K", "V", "Out", "WQ", "WK", "C", "S_")}, "Tables": "*i64",
+                   "Lens": "*i64", "SLOTS": "*i64", **{k: "*fp32" for k in ("Mo", "Lo", "Ao")}, "Tick": "*i32",
+                   **{k: ("fp32" if k in ("scale", "softcap", "eps", "offset") else "i32") for k in ints},
                    **{k: "constexpr" for k in ("G", "BLOCK_G", "D", "BLOCK_D", "BS", "BLOCK_N", "HAS_CAP", "HAS_WIN",
-                                               "PREC", "TICKET")}}
+                                               "PREC", "TICKET", "FUSED", "WEIGHT_IN_FLOAT", "HAS_OFFSET")}}
             const = {"G": g, "BLOCK_G": 16, "D": d, "BLOCK_D": d, "BS": 16, "BLOCK_N": bn, "HAS_CAP": cap,
-                     "HAS_WIN": win, "PREC": "ieee" if dt == "fp32" else "tf32", "TICKET": ticket}
-            ok &= compile_one(f"decode_part {dt} D={d} G={g} BLOCK_N={bn} ticket={ticket} cap={cap} win={win}",
-                              ta._decode_part, sig, const, target, num_warps=4)
+                     "HAS_WIN": win, "PREC": "ieee" if dt == "fp32" else "tf32", "TICKET": ticket, "FUSED": fused,
+                     "WEIGHT_IN_FLOAT": fused and cap, "HAS_OFFSET": fused and win}
+            ok &= compile_one(f"decode_part {dt} D={d} G={g} BLOCK_N={bn} ticket={ticket} cap={cap} win={win} "
+                              f"fused={fused}", ta._decode_part, sig, const, target, num_warps=4)
         sig = {"Lens": "*i64", **{k: "*fp32" for k in ("Mo", "Lo", "Ao")}, "Out": f"*{dt}",
                **{k: "i32" for k in ("window", "min_part", "sm_b", "sm_h", "sa_b", "sa_h", "sa_s", "so_b", "so_h",
                                      "S")},

@@ -45,6 +45,8 @@ def available(device: torch.device) -> bool:
 
 
 if triton is not None:
+    from ..model.fused_qk_rope import norm_rope_halves
+
     @triton.jit
     def _seq_split(length, window, S, min_part, HAS_WIN: tl.constexpr, BLOCK_N: tl.constexpr):
         """(first live key, keys per split, split count) of one sequence of ``length`` keys."""
@@ -78,26 +80,29 @@ if triton is not None:
                  (acc / den[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
 
     @triton.jit
-    def _walk(q, K, V, row, kvh, start, end, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d, dmask,
+    def _slots(row, offs, end, BS: tl.constexpr):
+        """Cache slots of key positions ``offs`` (those at or past ``end``: slot 0, not read) via block-table row."""
+        return tl.load(row + offs // BS, mask=offs < end, other=0).to(tl.int64) * BS + offs % BS
+
+    @triton.jit
+    def _walk(q, K, V, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d, dmask,
               BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
               HAS_CAP: tl.constexpr, PREC: tl.constexpr):
         """Online softmax (max, sum, unnormalised output) of the G query rows ``q`` over keys [start, end) read
-        through the block-table row ``row``; each next tile's block ids are loaded while the current tile computes.
-        (Measured on an H200: double-buffering the K/V tiles in registers, or loading the first tile before the
-        sequence length arrives, was slower than this plain loop.)"""
+        through the block-table row ``row`` (``slot``: the first tile's, loaded by the caller); each next tile's
+        block ids are loaded while the current tile computes. (Measured on an H200: double-buffering the K/V tiles
+        in registers, or loading the first tile before the sequence length arrives, was slower than this plain
+        loop.)"""
         m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        offs = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(row + offs // BS, mask=offs < end, other=0).to(tl.int64) * BS + offs % BS
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             nmask = offs_n < end
             kv_mask = nmask[:, None] & dmask[None, :]
             k = tl.load(K + slot[:, None] * sk_s + kvh * sk_h + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(V + slot[:, None] * sv_s + kvh * sv_h + offs_d[None, :], mask=kv_mask, other=0.0)
-            nxt = offs_n + BLOCK_N  # the next tile's block ids, fetched while this tile computes
-            slot = tl.load(row + nxt // BS, mask=nxt < end, other=0).to(tl.int64) * BS + nxt % BS
+            slot = _slots(row, offs_n + BLOCK_N, end, BS)  # the next tile's, fetched while this tile computes
             qk = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * scale
             if HAS_CAP:  # tanh(x / c) * c, tanh written with exp (portable to the interpreter)
                 qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
@@ -113,19 +118,69 @@ if triton is not None:
     @triton.jit
     def _split(Q, K, V, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, start, part, length, nsplit, scale, softcap,
                sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+               WQ, WK, C, S, sc, SLOTS, eps, offset, H, HKV,
                G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
-               BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr, TICKET: tl.constexpr):
-        """Split ``s`` of one (sequence, KV head): keys [start, start + part) of its ``length``."""
+               BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr, TICKET: tl.constexpr,
+               FUSED: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+        """Split ``s`` of one (sequence, KV head): keys [start, start + part) of its ``length``. FUSED: ``Q`` is
+        the raw q|k|v row; q and this step's k are normalized and rotated here (fused_qk_rope's arithmetic). The
+        last split, which holds the new key, walks the cached keys before it, adds the new key from registers and
+        stores k and v at the row's cache slot. (Measured on an H200: substituting the new key in every tile of
+        the walk was slower than the two kernels; storing it first and reading it back after a barrier measured
+        about as this does.)"""
         offs_g = tl.arange(0, BLOCK_G)
         offs_d = tl.arange(0, BLOCK_D)
         gmask = offs_g < G
         dmask = offs_d < D
         heads = kvh * G + offs_g
-        q = tl.load(Q + b * sq_b + heads[:, None] * sq_h + offs_d[None, :], mask=gmask[:, None] & dmask[None, :],
-                    other=0.0)
-        m_i, l_i, acc = _walk(q, K, V, Tables + b * st_b, kvh, start, tl.minimum(start + part, length), scale,
-                              softcap, sk_s, sk_h, sv_s, sv_h, offs_d, dmask, BLOCK_G, BLOCK_D, BS, BLOCK_N, HAS_CAP,
-                              PREC)
+        row = Tables + b * st_b
+        end = tl.minimum(start + part, length)
+        if FUSED:  # D == BLOCK_D here; rotate-half pairs i with partner (i + D / 2) % D
+            last = s == nsplit - 1  # the split holding this step's key, which it takes from registers
+            end = tl.where(last, end - 1, end)
+            slot = _slots(row, start + tl.arange(0, BLOCK_N), end, BS)  # in flight while q is made
+            qkv = Q + b * sq_b
+            part_d = (offs_d + D // 2) % D
+            c = tl.load(C + b * sc + offs_d).to(tl.float32)
+            sn = tl.load(S + b * sc + offs_d).to(tl.float32)
+            sn = tl.where(offs_d < D // 2, sn, -sn)  # first half: y c - y' s; second: y c + y' s
+            dt = Q.dtype.element_ty
+            hq = qkv + heads[:, None] * D
+            x = tl.load(hq + offs_d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps)[:, None]
+            q, _ = norm_rope_halves(x, tl.load(hq + part_d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32),
+                                    rstd, tl.load(WQ + offs_d).to(tl.float32)[None, :],
+                                    tl.load(WQ + part_d).to(tl.float32)[None, :], c[None, :], c[None, :],
+                                    sn[None, :], sn[None, :], offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
+            q = q.to(K.dtype.element_ty)
+        else:
+            slot = _slots(row, start + tl.arange(0, BLOCK_N), end, BS)
+            q = tl.load(Q + b * sq_b + heads[:, None] * sq_h + offs_d[None, :],
+                        mask=gmask[:, None] & dmask[None, :], other=0.0)
+        m_i, l_i, acc = _walk(q, K, V, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d,
+                              dmask, BLOCK_G, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC)
+        if FUSED:
+            if last:  # this step's k (normalized, rotated) and v: one more online-softmax step, then the store
+                hk = qkv + (H + kvh) * D
+                kx = tl.load(hk + offs_d).to(tl.float32)
+                kn, _k2 = norm_rope_halves(kx, tl.load(hk + part_d).to(tl.float32),
+                                         1.0 / tl.sqrt(tl.sum(kx * kx, 0) / D + eps),
+                                         tl.load(WK + offs_d).to(tl.float32), tl.load(WK + part_d).to(tl.float32),
+                                         c, c, sn, sn, offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
+                kn = kn.to(K.dtype.element_ty)  # as the cache holds them
+                vn = tl.load(qkv + (H + HKV + kvh) * D + offs_d).to(V.dtype.element_ty)
+                qk = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
+                if HAS_CAP:
+                    qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
+                m_new = tl.maximum(m_i, qk)
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(qk - m_new)
+                l_i = l_i * alpha + p
+                acc = acc * alpha[:, None] + p.to(vn.dtype).to(tl.float32)[:, None] * vn.to(tl.float32)[None, :]
+                m_i = m_new
+                at = tl.load(SLOTS + b).to(tl.int64)
+                tl.store(K + at * sk_s + kvh * sk_h + offs_d, kn)
+                tl.store(V + at * sv_s + kvh * sv_h + offs_d, vn)
         omask = gmask[:, None] & dmask[None, :]
         if nsplit == 1:  # the whole sequence in this program: the final rows
             den = tl.where(l_i > 0, l_i, 1.0)
@@ -146,9 +201,11 @@ if triton is not None:
     @triton.jit
     def _decode_part(Q, K, V, Tables, Lens, Mo, Lo, Ao, Out, Tick, scale, softcap, window, min_part,
                      sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+                     WQ, WK, C, S_, sc, SLOTS, eps, offset, H, HKV,
                      S, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      BS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WIN: tl.constexpr,
-                     PREC: tl.constexpr, TICKET: tl.constexpr):
+                     PREC: tl.constexpr, TICKET: tl.constexpr, FUSED: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr,
+                     HAS_OFFSET: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
@@ -157,7 +214,8 @@ if triton is not None:
         if s < nsplit:  # programs past this sequence's split count exit at once
             _split(Q, K, V, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, first + s * part, part, length, nsplit, scale,
                    softcap, sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
-                   G, BLOCK_G, D, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC, TICKET)
+                   WQ, WK, C, S_, sc, SLOTS, eps, offset, H, HKV,
+                   G, BLOCK_G, D, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC, TICKET, FUSED, WEIGHT_IN_FLOAT, HAS_OFFSET)
 
     @triton.jit
     def _decode_merge(Lens, Mo, Lo, Ao, Out, window, min_part, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h, S,
@@ -219,8 +277,35 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     ``ticket=False`` merges multi-split sequences in a second kernel instead of in the last program. ``block_n``
     None: 64-key tiles while the (sequence, KV head) programs are fewer than the SMs (latency-bound: fewer, larger
     tiles), 32 once they fill the GPU (bandwidth-bound: smaller tiles let more programs share an SM)."""
-    B, H, D = q.shape
-    _, bs, hkv, _ = k_cache.shape
+    q = q.contiguous()
+    return _launch(q, q.shape[1], None, k_cache, v_cache, tables, lens, scale=scale, max_len=max_len,
+                   softcap=softcap, window=window, block_n=block_n, min_part=min_part, max_splits=max_splits,
+                   num_warps=num_warps, num_stages=num_stages, ticket=ticket)
+
+
+def paged_decode_norm_rope(qkv: torch.Tensor, heads: int, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                           offset: float, weight_in_float: bool, cos: torch.Tensor, sin: torch.Tensor,
+                           slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                           lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None = None,
+                           window: int | None = None, min_part: int = MIN_PART) -> torch.Tensor:
+    """:func:`paged_decode` of the decode rows' raw q|k|v projections [B, (H + 2 Hkv) D] in one launch with what
+    runs before it: per-head RMSNorm of q and k (weights ``q_norm``, ``k_norm`` [D]), rotate-half RoPE (``cos``,
+    ``sin`` rows [B, D]) and the store of this step's k and v at ``slots`` [B] (``fused_qk_rope``'s kernel, with
+    its roundings). Each sequence's new key is the last of its ``lens``. D a power of two, at least 16."""
+    B, width = qkv.shape
+    d = k_cache.shape[-1]
+    fused = (q_norm, k_norm, float(eps), float(offset), bool(weight_in_float), cos, sin, slots, width)
+    return _launch(qkv, heads, fused, k_cache, v_cache, tables, lens, scale=scale, max_len=max_len,
+                   softcap=softcap, window=window, min_part=min_part, q_strides=(qkv.stride(0), d))
+
+
+def _launch(q: torch.Tensor, H: int, fused: tuple | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            tables: torch.Tensor, lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None,
+            window: int | None, block_n: int | None = None, min_part: int = MIN_PART, max_splits: int = MAX_SPLITS,
+            num_warps: int = NUM_WARPS, num_stages: int | None = None, ticket: bool = True,
+            q_strides: tuple[int, int] | None = None) -> torch.Tensor:
+    B = q.shape[0]
+    _, bs, hkv, D = k_cache.shape
     G = H // hkv
     dev = q.device
     live = min(max_len, window) if window is not None else max_len
@@ -228,8 +313,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if block_n is None:
         block_n = 32 if B * hkv >= sms else 64
     S = grid_splits(live, B * hkv, sms, min_part=min_part, max_splits=max_splits)
-    q = q.contiguous()
-    out = torch.empty_like(q)
+    out = torch.empty(B, H, D, dtype=q.dtype, device=dev)
     if S > 1:
         m = torch.empty(B, H, S, dtype=torch.float32, device=dev)
         l_ = torch.empty(B, H, S, dtype=torch.float32, device=dev)
@@ -244,14 +328,22 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     sa = (a.stride(0), a.stride(1), a.stride(2)) if S > 1 else (0, 0, 0)
     sm = (m.stride(0), m.stride(1)) if S > 1 else (0, 0)
     extra = {} if num_stages is None else {"num_stages": num_stages}
+    if fused is None:  # unused pointers and values of the fused form
+        wq, wk, eps, offset, in_float, cos, sin, slots = q, q, 0.0, 0.0, False, q, q, lens
+        sc = 0
+    else:
+        wq, wk, eps, offset, in_float, cos, sin, slots, _ = fused
+        sc = cos.stride(0)
     _decode_part[(B, hkv, S)](
         q, kf, vf, tables, lens, m, l_, a, out, tick if tick is not None else out, float(scale),
         float(softcap or 1.0), win, min_part,
-        q.stride(0), q.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1), tables.stride(0),
-        *sm, *sa, out.stride(0), out.stride(1), S,
+        *(q_strides or (q.stride(0), q.stride(1))), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+        tables.stride(0), *sm, *sa, out.stride(0), out.stride(1),
+        wq, wk, cos, sin, sc, slots, eps, offset, H, hkv, S,
         G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BS=bs, BLOCK_N=block_n,
         HAS_CAP=softcap is not None, HAS_WIN=window is not None,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", TICKET=tick is not None, num_warps=num_warps, **extra)
+        PREC="ieee" if (q if fused is None else k_cache).dtype == torch.float32 else "tf32", TICKET=tick is not None,
+        FUSED=fused is not None, WEIGHT_IN_FLOAT=in_float, HAS_OFFSET=bool(offset), num_warps=num_warps, **extra)
     if S > 1 and tick is None:
         _decode_merge[(B, hkv)](lens, m, l_, a, out, win, min_part, *sm, *sa, out.stride(0), out.stride(1), S,
                                 G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, HAS_WIN=window is not None,

@@ -36,6 +36,28 @@ def wanted(x: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
+    def norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, dt: tl.constexpr,
+                         WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+        """The two halves (o1, o2, in ``dt``) of heads normalized and rotated: float32 halves x1, x2 of the input,
+        their ``rstd``, the norm weight's halves w1, w2 and the position's cos / sin halves (all broadcastable),
+        with the torch composition's roundings (the module doc). Also the fused attention's (triton_attention)."""
+        if HAS_OFFSET:
+            w1 = w1 + offset
+            w2 = w2 + offset
+        if WEIGHT_IN_FLOAT:
+            y1 = (x1 * rstd * w1).to(dt).to(tl.float32)
+            y2 = (x2 * rstd * w2).to(dt).to(tl.float32)
+        else:  # torch: w.to(dtype) * h.to(dtype)
+            if HAS_OFFSET:
+                w1 = w1.to(dt).to(tl.float32)
+                w2 = w2.to(dt).to(tl.float32)
+            y1 = (w1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            y2 = (w2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        o1 = ((y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
+        return o1, o2
+
+    @triton.jit
     def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, SLOTS, KC, VC, HALF: tl.constexpr,
                       WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr, WRITE_KV: tl.constexpr):
         r = tl.program_id(0)
@@ -54,25 +76,12 @@ if triton is not None:
             rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
             w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
             w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
-            dt = QO.dtype.element_ty
-            if HAS_OFFSET:
-                w1 = w1 + offset
-                w2 = w2 + offset
-            if WEIGHT_IN_FLOAT:
-                y1 = (x1 * rstd * w1).to(dt).to(tl.float32)
-                y2 = (x2 * rstd * w2).to(dt).to(tl.float32)
-            else:  # torch: w.to(dtype) * h.to(dtype)
-                if HAS_OFFSET:
-                    w1 = w1.to(dt).to(tl.float32)
-                    w2 = w2.to(dt).to(tl.float32)
-                y1 = (w1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-                y2 = (w2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             c1 = tl.load(C + n * sc + i).to(tl.float32)
             c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
             s1 = tl.load(S + n * sc + i).to(tl.float32)
             s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
-            o1 = ((y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)).to(dt)
-            o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
+            o1, o2 = norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, QO.dtype.element_ty,
+                                      WEIGHT_IN_FLOAT, HAS_OFFSET)
             qrow = tl.minimum(h, H - 1)
             krow = tl.maximum(h - H, 0)
             qo = QO + (n * H + qrow) * 2 * HALF
@@ -114,13 +123,11 @@ def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, 
     return slots, kf, vf
 
 
-def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
-              v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """q [N, H, D] and k [N, Hkv, D], normalized per head and rotated, from the q and k parts of a fused q|k|v
-    output; None when the pattern does not hold (the caller runs the separate ops). With ``v`` (the row's v part)
-    and a backend whose cache takes them (``_cache_target``), k and v are also stored in the paged cache."""
+def cos_sin(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows' RoPE (cos, sin) [N, 1, D] where the one-kernel pattern holds for these q and k parts of a fused
+    q|k|v output (per-head RMSNorms alike, rotate-half RoPE, k right after q in each row); None where it does not."""
     pos = ctx.position if getattr(attn, "use_position", False) else None
-    qn, kn, d, h, hkv = attn.q_norm, attn.k_norm, attn.d, attn.h, attn.hkv
+    qn, kn, d = attn.q_norm, attn.k_norm, attn.d
     if (pos is None or getattr(pos, "style", None) != "half" or getattr(pos, "dim", None) != d
             or hasattr(pos, "bias_fn")
             or not attn.qk_norm_per_head or getattr(qn, "component_name", None) != "rmsnorm"
@@ -133,6 +140,19 @@ def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
     cos, sin = pos.cos_sin(ctx, q.dtype)
     if cos.shape[-1] != d or cos.stride(-1) != 1 or sin.stride() != cos.stride() or cos.dtype != q.dtype:
         return None
+    return cos, sin
+
+
+def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
+              v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """q [N, H, D] and k [N, Hkv, D], normalized per head and rotated, from the q and k parts of a fused q|k|v
+    output; None when the pattern does not hold (the caller runs the separate ops). With ``v`` (the row's v part)
+    and a backend whose cache takes them (``_cache_target``), k and v are also stored in the paged cache."""
+    cs = cos_sin(attn, q, k, ctx)
+    if cs is None:
+        return None
+    cos, sin = cs
+    qn, kn, d, h, hkv = attn.q_norm, attn.k_norm, attn.d, attn.h, attn.hkv
     N = q.shape[0]
     qo = torch.empty((N, h, d), dtype=q.dtype, device=q.device)
     ko = torch.empty((N, hkv, d), dtype=q.dtype, device=q.device)

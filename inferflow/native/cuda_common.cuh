@@ -52,4 +52,17 @@ int balanced_blocks(int threads, int work, int per) {
   return blocks > 0 ? blocks : 1;
 }
 
+// The same grid for a kernel launched with `smem` bytes of dynamic shared memory (one unit per block at a time).
+template <typename Kernel>
+int balanced_blocks_for(Kernel kernel, int threads, int smem, int work) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  const int slots = (per_sm > 0 ? per_sm : 1) * sms;
+  const int turns = (work + slots - 1) / slots;
+  const int blocks = (work + turns - 1) / turns;
+  return blocks > 0 ? blocks : 1;
+}
+
 }  // namespace inferflow_cuda

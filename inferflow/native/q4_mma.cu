@@ -25,9 +25,10 @@
 // Why every block gets the same number of row tiles (ncu, gate/up 24576 x 4096, M = 1): with one block per
 // resident slot, 1188 blocks for 1536 row tiles, the SMs sat idle for 28% of the kernel while a third of the
 // blocks did their second tile; the balanced grid took the kernel from 31 to 24.5 us. Tried and dropped (docs/
-// benchmarks.md): a cp.async ring keeping 3-7 steps of codes in flight (no faster: the SMs issue on 2 cycles of
-// 3, bytes in flight were not the limit), and activations staged in shared memory with the -8 folded into
-// per-block activation sums (18% fewer instructions per tile, but the per-block staging pass cost more).
+// benchmarks.md): a cp.async ring keeping 3-7 steps of codes in flight (no faster), and activations staged in
+// shared memory by the warps with the -8 folded into per-block activation sums (the staging pass cost more). What
+// did pay, on Hopper: the bulk-copy engine filling a ring with the codes AND the activations (q4_mma_bulk.cuh,
+// configs with S > 0), 4-5% on gate/up, down and the head; selection times both kinds per shape.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -35,87 +36,16 @@
 
 #include "cuda_common.cuh"
 #include "q4_mma.cuh"
+#include "q4_mma_bulk.cuh"
+#include "q4_mma_tile.cuh"
 
 namespace {
 
+using inferflow_cuda::direct;
+using inferflow_cuda::finish_tile;
 using inferflow_cuda::load_stream;
-using inferflow_cuda::store;
-using inferflow_cuda::to_float;
-using inferflow_cuda::word;
-using inferflow_cuda::fragment;
-using inferflow_cuda::mma;
 using inferflow_cuda::Pair;
-using inferflow_cuda::tile_scales;
-
-// The row tile's last step: the W warps' partials summed in a fixed order through shared memory, stored.
-template <typename T, int W>
-__device__ __forceinline__ void finish_tile(float (&part)[W][32][4], float (&acc)[4], int tile, int warp, int lane,
-                                            const T* bias, T* y, int n, int m, long long sym) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
-  __syncthreads();
-  if (warp == 0) {
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int w = 0; w < W; ++w)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] += part[w][lane][i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // c0, c1: row g, columns (x rows) 2t, 2t + 1; c2, c3: row g + 8
-      const int row = tile * 16 + g + 8 * (i >> 1), col = 2 * t + (i & 1);
-      if (col < m && row < n) {
-        float o = v[i];
-        if (bias != nullptr) o += to_float(bias[row]);
-        store(y + col * sym + row, o);
-      }
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = 0.f;
-}
-
-// A lane's activations of one tile: the B fragments of its 4 k-steps (b[2 s], b[2 s + 1]), read from global
-// memory (L1-resident: every warp reads the same x).
-struct Operands {
-  uint32_t b[8];
-};
-
-template <typename T>
-__device__ __forceinline__ Operands direct(const T* xr, bool xrow, int c, int t) {
-  Operands op;
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int k = c * 64 + 16 * s + 2 * t;
-    op.b[2 * s] = xrow ? __ldg(reinterpret_cast<const uint32_t*>(xr + k)) : 0u;
-    op.b[2 * s + 1] = xrow ? __ldg(reinterpret_cast<const uint32_t*>(xr + k + 8)) : 0u;
-  }
-  return op;
-}
-
-// One 16 x 64 tile's products: codes q (this lane's A fragments of its 4 k-steps), scales sc (lane group g's) and
-// the lane's operands; adds the scaled float32 block sums to acc (the mma's C layout).
-template <typename T>
-__device__ __forceinline__ void tile_mma(const uint4& q, const uint2& sc, const Operands& op, uint32_t magic,
-                                         float (&acc)[4]) {
-  float2 d[2];
-  tile_scales(sc, d);
-#pragma unroll
-  for (int blk = 0; blk < 2; ++blk) {  // the tile's two 32-column blocks, two k-steps each
-    float part4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int s = 2 * blk; s < 2 * blk + 2; ++s) {
-      uint32_t a[4];
-      fragment<T>(word(q, s), magic, a);
-      mma<T>(part4, a, op.b[2 * s], op.b[2 * s + 1]);
-    }
-    const float dg = blk == 0 ? d[0].x : d[0].y, dg8 = blk == 0 ? d[1].x : d[1].y;
-    acc[0] = __fmaf_rn(dg, part4[0], acc[0]);
-    acc[1] = __fmaf_rn(dg, part4[1], acc[1]);
-    acc[2] = __fmaf_rn(dg8, part4[2], acc[2]);
-    acc[3] = __fmaf_rn(dg8, part4[3], acc[3]);
-  }
-}
+using inferflow_cuda::tile_mma;
 
 // EVEN: the column tiles split into whole steps (kt a multiple of W U): no bounds checks in the loop.
 template <typename T, int W, int U, bool EVEN>
@@ -176,28 +106,53 @@ __global__ void __launch_bounds__(W * 32) q4_mma(const T* __restrict__ x, const 
   }
 }
 
-template <typename T, int W, int U, bool EVEN>
+// S = 0: the register-pipelined kernel above; S > 0: the bulk-copy ring of S chunks (q4_mma_bulk.cuh, one copy
+// warp more per block).
+template <auto Kernel, int Threads, typename T>
 cudaError_t start(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
-                  int m, long long sxm, long long sym, cudaStream_t stream) {
-  const int rt = (n + 15) / 16;
-  const int blocks = inferflow_cuda::balanced_blocks<q4_mma<T, W, U, EVEN>>(W * 32, rt, 1);
-  q4_mma<T, W, U, EVEN><<<blocks, W * 32, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const uint4*>(codes), static_cast<const uint2*>(scales),
-      static_cast<const T*>(bias), static_cast<T*>(y), n, kt, m, sxm, sym);
+                  int m, long long sxm, long long sym, cudaStream_t stream, int smem = 0) {
+  int blocks;
+  if (smem == 0) {
+    blocks = inferflow_cuda::balanced_blocks<Kernel>(Threads, (n + 15) / 16, 1);
+  } else {  // dynamic shared memory: its size depends on m and K, so no cached occupancy
+    cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    blocks = inferflow_cuda::balanced_blocks_for(Kernel, Threads, smem, (n + 15) / 16);
+  }
+  Kernel<<<blocks, Threads, smem, stream>>>(static_cast<const T*>(x), static_cast<const uint4*>(codes),
+                                            static_cast<const uint2*>(scales), static_cast<const T*>(bias),
+                                            static_cast<T*>(y), n, kt, m, sxm, sym);
   return cudaGetLastError();
 }
 
-template <typename T, int W, int U>
+// S = 0: the register-pipelined kernel above; S > 0: the bulk-copy ring of S chunks (q4_mma_bulk.cuh, one copy
+// warp more per block), for activation rows 16-byte aligned (the copy engine's unit) that fit in shared memory
+// with the ring; else the S = 0 kernel.
+template <typename T, int W, int U, int S, bool EVEN>
+cudaError_t pick(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
+                 int m, long long sxm, long long sym, cudaStream_t s) {
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (m == 1 || sxm * sizeof(T) % 16 == 0);
+  if constexpr (S > 0) {
+    const int smem = inferflow_cuda::ring_bytes<W, U, S>() + m * kt * 64 * static_cast<int>(sizeof(T));
+    if (aligned && smem <= 200 * 1024) {
+      return start<inferflow_cuda::q4_mma_bulk<T, W, U, S, EVEN>, (W + 1) * 32, T>(x, codes, scales, bias, y, n,
+                                                                                 kt, m, sxm, sym, s, smem);
+    }
+  }
+  return start<q4_mma<T, W, U, EVEN>, W * 32, T>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+}
+
+template <typename T, int W, int U, int S = 0>
 cudaError_t launch(const void* x, const void* codes, const void* scales, const void* bias, void* y, int n, int kt,
                    int m, long long sxm, long long sym, cudaStream_t s) {
-  return kt % (W * U) == 0 ? start<T, W, U, true>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s)
-                           : start<T, W, U, false>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+  return kt % (W * U) == 0 ? pick<T, W, U, S, true>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s)
+                           : pick<T, W, U, S, false>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
 }
 
 template <typename T>
 cudaError_t by_config(int cfg, const void* x, const void* codes, const void* scales, const void* bias, void* y,
                       int n, int kt, int m, long long sxm, long long sym, cudaStream_t s) {
-  switch (cfg) {  // (W warps per row tile, U column tiles per warp step): cuda_q4_mma.CONFIGS, in order
+  switch (cfg) {  // (W warps per row tile, U column tiles per warp step, S ring slots): cuda_q4_mma.CONFIGS
     case 0: return launch<T, 4, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     case 1: return launch<T, 4, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     case 2: return launch<T, 8, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
@@ -206,6 +161,11 @@ cudaError_t by_config(int cfg, const void* x, const void* codes, const void* sca
     case 5: return launch<T, 16, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     case 6: return launch<T, 16, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     case 7: return launch<T, 12, 1>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 8: return launch<T, 8, 2, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 9: return launch<T, 16, 1, 4>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 10: return launch<T, 8, 1, 8>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 11: return launch<T, 4, 2, 8>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
+    case 12: return launch<T, 16, 2, 2>(x, codes, scales, bias, y, n, kt, m, sxm, sym, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -214,7 +174,7 @@ cudaError_t by_config(int cfg, const void* x, const void* codes, const void* sca
 
 extern "C" {
 
-int q4_mma_configs() { return 8; }
+int q4_mma_configs() { return 13; }
 
 // dtype: 1 bfloat16, 2 float16 (activations, bias, output); m: activation rows, 1..8; kt: column tiles (K / 64).
 int q4_mma(int device, int dtype, int cfg, const void* x, const void* codes, const void* scales, const void* bias,

@@ -6,7 +6,8 @@
   and scales in flight while they decode this one: the bytes in flight per SM that the Triton kernel lacked.
 - ``mma`` (``inferflow/native/q4_mma.cu``, layout in cuda_q4_mma.py): q4_0 with bf16/fp16 activations on the
   tensor cores (exact q - 8 as 16-bit floats, float32 sums, the block scale applied to each block's sum). Its own
-  copy of the weight, made only for weights where some key picked it.
+  copy of the weight, made only for weights where some key picked it. On Hopper, half its configs stream the
+  codes through shared memory with the bulk-copy engine (``q4_mma_bulk.cuh``) instead of registers.
 - ``rows`` (``inferflow/native/q4_mma_rows.cu``): the same layout and decode for up to 64 rows (batched decode),
   activations staged in shared memory and shared by a block's warps, split K where row groups are few; half its
   configs fold the block scale into the weights before the mma (rounded to the activations' type: fewer
@@ -155,7 +156,7 @@ def _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call) -> tupl
     cands = [("fma", c) for c in range(len(CONFIGS))] if _fma_supports(x2, kind) else []
     mma = False
     if cuda_q4_mma.supports(x2, kind, k) and _mma_lib(x2.device) is not None:
-        cands += [("mma", c) for c in range(len(cuda_q4_mma.CONFIGS))]
+        cands += [("mma", c) for c in cuda_q4_mma.gemv_configs(x2.device)]
         mma = True
     if cuda_q4_mma.rows_supports(x2, kind, k) and _mma_lib(x2.device, "q4_mma_rows") is not None:
         cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]

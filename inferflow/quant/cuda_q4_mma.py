@@ -12,8 +12,12 @@ import torch
 
 from ..native import cuda
 
-# (W, U), q4_mma.cu's order; 12-16 warps per row tile: the shapes with few row tiles (qkv, o, down) fill the SMs
-CONFIGS: tuple[tuple[int, int], ...] = ((4, 2), (4, 4), (8, 2), (8, 1), (2, 4), (16, 1), (16, 2), (12, 1))
+# (W, U, S), q4_mma.cu's order: W warps per row tile, U column tiles per warp step; 12-16 warps: the shapes with
+# few row tiles (qkv, o, down) fill the SMs. S = 0: codes prefetched one step ahead in registers; S > 0: a ring of
+# S chunks in shared memory filled by the bulk-copy engine (q4_mma_bulk.cuh: sm_90 and later, see bulk_ok)
+CONFIGS: tuple[tuple[int, int, int], ...] = (
+    (4, 2, 0), (4, 4, 0), (8, 2, 0), (8, 1, 0), (2, 4, 0), (16, 1, 0), (16, 2, 0), (12, 1, 0),
+    (8, 2, 4), (16, 1, 4), (8, 1, 8), (4, 2, 8), (16, 2, 2))
 _DTYPE = {torch.bfloat16: 1, torch.float16: 2}
 MAX_ROWS = 8
 # (R, W, FOLD, MINB), q4_mma_rows.cu's order; FOLD: the block scale multiplied into the weights before the mma
@@ -68,6 +72,12 @@ def repack(blocks: torch.Tensor, kind: str, shape: tuple[int, int]) -> tuple[tor
         packed = (v[..., 0::2] | (v[..., 1::2] << 4)).contiguous()  # byte i: nibbles 2i, 2i + 1
         codes[r0:r1] = packed.view(torch.int32).reshape(r1 - r0, kt, 32, 4)
     return codes, scales
+
+
+def gemv_configs(device: torch.device) -> list[int]:
+    """Indices into :data:`CONFIGS` that run on ``device``: the bulk-copy ones need sm_90 (Hopper) or later."""
+    bulk = torch.cuda.get_device_capability(device) >= (9, 0)
+    return [i for i, c in enumerate(CONFIGS) if bulk or c[2] == 0]
 
 
 def supports(x2: torch.Tensor, kind: str, k: int) -> bool:
