@@ -147,12 +147,20 @@ def test_kv_write_kernel_matches_index_copy(interp, dtype, store):
 
 @pytest.mark.parametrize("dtype,offset,in_float", [(torch.float32, 0.0, False), (torch.float16, 0.0, False),
                                                    (torch.float16, 1.0, True)])
-def test_qk_norm_rope_kernel_matches_torch(interp, dtype, offset, in_float):
-    """q/k per-head RMSNorm + rotate-half RoPE in one kernel (inferflow/model/fused_qk_rope.py) on a q|k|v row."""
+@pytest.mark.parametrize("rows", [False, True])
+def test_qk_norm_rope_kernel_matches_torch(interp, dtype, offset, in_float, rows, monkeypatch):
+    """q/k per-head RMSNorm + rotate-half RoPE in one kernel (inferflow/model/fused_qk_rope.py) on a q|k|v row, in
+    either grid: a program per (token, head), or per token over all its heads (prefill sizes: forced here)."""
     from types import SimpleNamespace
 
     from inferflow.model import fused_qk_rope
     from inferflow.model.context import ForwardContext
+
+    monkeypatch.setattr(fused_qk_rope, "ROWS_MIN", 1 if rows else 1 << 30)
+    launched = []
+    for name in ("_qk_norm_rope", "_qk_norm_rope_rows"):
+        kern = getattr(fused_qk_rope, name)
+        monkeypatch.setattr(fused_qk_rope, name, _Recorder(kern, name, launched))
 
     g = torch.Generator().manual_seed(11)
     N, H, hkv, D = 5, 4, 2, 16
@@ -174,6 +182,18 @@ def test_qk_norm_rope_kernel_matches_torch(interp, dtype, offset, in_float):
     rk = rope._rot(norms[1](k.reshape(N, hkv, D)), cos, sin)
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     assert (qo.float() - rq.float()).abs().max() <= tol and (ko.float() - rk.float()).abs().max() <= tol
+    assert launched == ["_qk_norm_rope_rows" if rows else "_qk_norm_rope"]
+
+
+class _Recorder:
+    """A Triton kernel whose launches (``kernel[grid](...)``) are recorded by name."""
+
+    def __init__(self, kernel, name, log):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):
+        self.log.append(self.name)
+        return self.kernel[grid]
 
 
 @pytest.mark.parametrize("store", [torch.float32, torch.float16])

@@ -52,6 +52,14 @@ def main() -> int:
                 const = {"HALF": d // 2, "WEIGHT_IN_FLOAT": in_float, "HAS_OFFSET": offset, "WRITE_KV": write}
                 ok &= compile_one(f"qk_norm_rope {dt} D={d} weight_in_float={in_float} write_kv={write}",
                                   fqr._qk_norm_rope, sig, const, target)
+            for heads in (40, 6):  # H + Hkv: 32 + 8, 4 + 2 (padded to 64, 8)
+                sig = {**{k: f"*{dt}" for k in ("QKV", "WQ", "WK", "C", "S", "QO", "KO")}, "sx": "i32", "sc": "i32",
+                       "H": "i32", "HKV": "i32", "eps": "fp32", "offset": "fp32",
+                       **{k: "constexpr" for k in ("HALF", "BLOCK_H", "WEIGHT_IN_FLOAT", "HAS_OFFSET")}}
+                const = {"HALF": d // 2, "BLOCK_H": triton.next_power_of_2(heads), "WEIGHT_IN_FLOAT": heads == 6,
+                         "HAS_OFFSET": heads == 6}
+                ok &= compile_one(f"qk_norm_rope_rows {dt} D={d} heads={heads}", fqr._qk_norm_rope_rows, sig, const,
+                                  target)
     for dt in ("bf16", "fp16", "fp32"):
         for d, g, ticket, cap, win, bn, fused in (
                 (128, 4, True, False, False, 32, False), (128, 4, False, True, True, 64, False),

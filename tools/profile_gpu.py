@@ -7,7 +7,10 @@ graph is captured, then records ``--replays`` replays of each bucket under torch
 by total GPU time (per replay), their count per replay and the sum. A few full engine steps at the largest batch are
 traced too (``engine_b{B}.json``, Chrome/Perfetto format), which shows the host work between replays. The
 standalone table times each projection's GEMM (cuBLAS, bf16) at every batch size against its weight-read time
-at the measured copy bandwidth. ``--q4`` adds the same kernel table for the load-time Q4_0 model.
+at the measured copy bandwidth. ``--q4`` adds the same kernel table for the load-time Q4_0 model. ``--prefill N`` profiles prefill instead of decode:
+the engine's steps for 4 prompts of N tokens (one 8192-token step at N = 2048) and HF's eager forward of the same
+prompts (``logits_to_keep=1``, as ``tools/bench_gpu.py`` times it), kernel by kernel, and cuBLAS alone on each
+projection at that many tokens.
 """
 from __future__ import annotations
 
@@ -100,6 +103,49 @@ def gemm_table(shape: dict, batches: list[int]) -> dict[str, Any]:
     return out
 
 
+def prefill_tables(model: Any, hf: Any, shape: dict, n: int, reps: int, res: dict[str, Any]) -> None:
+    """Kernel tables of one prefill of 4 prompts of ``n`` tokens: the engine's, HF's eager forward's, and the
+    projections' cuBLAS GEMMs alone at 4 n rows (the floor both sit on)."""
+    from inferflow.engine import SamplingParams
+
+    eng = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=n + 16, max_num_batched_tokens=4 * n,
+                                     enable_prefix_caching=False, kv_cache_memory=8.0))
+    g = torch.Generator().manual_seed(2)
+    prompts = torch.randint(10, shape["vocab_size"], (4, n), generator=g).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def ours() -> None:
+        for p in prompts:
+            eng.add_request(p, params)
+        while eng.has_unfinished():
+            eng.step()
+
+    ids = torch.tensor(prompts, device="cuda")
+
+    def theirs() -> None:
+        with torch.inference_mode():
+            hf(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    for tag, fn in (("inferflow", ours), ("HF eager", theirs)):
+        fn()
+        res[f"prefill {tag}"] = print_table(f"prefill, {tag}, 4 x {n} tokens", kernel_table(fn, reps))
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    d, nq, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    x = torch.randn(4 * n, h, device="cuda", dtype=torch.bfloat16)
+    total = 0.0
+    print(f"\n### cuBLAS alone at {4 * n} rows, ms (x {shape['num_hidden_layers']} layers)")
+    for name, (k, out) in {"qkv": (h, (nq + 2 * nkv) * d), "o": (nq * d, h), "gate_up": (h, 2 * i),
+                           "down": (i, h)}.items():
+        w = torch.randn(out, k, device="cuda", dtype=torch.bfloat16)
+        xi = x if k == h else torch.randn(4 * n, k, device="cuda", dtype=torch.bfloat16)
+        ms = kernel_table(lambda: torch.nn.functional.linear(xi, w), reps)
+        t = sum(r[1] for r in ms)
+        total += t * shape["num_hidden_layers"]
+        print(f"  {name}: {t:.3f} ms, {2 * 4 * n * k * out / t / 1e9:.0f} TFLOP/s")
+    res["prefill gemm floor ms"] = total
+    print(f"  all layers' projections: {total:.2f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -108,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--q4", action="store_true")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--prefill", type=int, default=0, help="profile prefill of 4 prompts of this many tokens")
     args = ap.parse_args(argv)
     import transformers
 
@@ -139,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                 res[f"{tag} b{b}"] = print_table(f"{tag}, batch {b}, one graph replay", kernel_table(fn, args.replays))
         return eng
 
+    if args.prefill:
+        prefill_tables(model, hf, shape, args.prefill, max(1, args.replays // 5), res)
+        (out / "profile_gpu.json").write_text(json.dumps(res, indent=1, default=str))
+        return 0
     eng = engine_tables(model, "bf16")
     # full engine steps at the largest batch: host work and the GPU's idle gaps, as a trace
     from torch.profiler import ProfilerActivity, profile

@@ -46,6 +46,10 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
     float (0 = keep, -inf = drop: a decode batch's mask built once per forward, as SDPA would per call).
     """
     tq, tk = q.shape[-2], k.shape[-2]
+    if (causal and window is None and key_mask is None and softcap is None and bias is None and tq == tk
+            and q_start == 0):  # a whole new sequence: SDPA's own causal path, no [Tq, Tk] mask built first
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
     mask = None
     if causal and tq == 1 and q_start >= tk - 1:  # one query at the last key sees every key: no mask to build
         causal = False                            # (a one-token decode step; saves ~6 small ops per layer)
@@ -80,8 +84,6 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
-    if causal and window is None and key_mask is None and tq == tk and q_start == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 

@@ -7,6 +7,11 @@ RoPE's products and sum each rounded (as ``fused_ops.rope_half``). Used by atten
 (``INFERFLOW_FUSE_QK_ROPE=force``: CPU tensors too, for tests under ``TRITON_INTERPRET=1``); ``=0`` turns it off;
 a kernel failure warns once and leaves the separate ops in charge for good.
 
+Two grids: one program per (token, head) for decode-sized calls (a step's few tokens: many small programs fill the
+GPU), one per token over all its heads for prefill-sized ones (``ROWS_MIN`` tokens and up): there the per-head grid
+was 327k programs of 64-element halves for 4 x 2048 tokens, each reloading the row's cos / sin, and took 6.5% of an
+8192-token prefill on an H200 (12.9 of 196 GPU ms, docs/benchmarks.md).
+
 In the static decode step (CUDA graphs) the same launch also stores the roped k and the v heads at their paged-cache
 slots (the cache's ``claim_write``), which saves the cache write's own kernel per layer (triton_kv_write.py);
 ``INFERFLOW_FUSE_KV_WRITE=0`` keeps that write separate.
@@ -27,6 +32,7 @@ except ImportError:  # pragma: no cover
 
 ENV = "INFERFLOW_FUSE_QK_ROPE"
 KV_ENV = "INFERFLOW_FUSE_KV_WRITE"  # =0: the cache write stays a kernel of its own (triton_kv_write.py)
+ROWS_MIN = 64  # tokens from which one program takes all of a token's heads (prefill); fewer: one per head
 _state = {"ok": triton is not None}
 
 
@@ -102,6 +108,39 @@ if triton is not None:
             tl.store(vc + HALF + i, tl.load(base + HALF + i).to(VC.dtype.element_ty))
 
 
+if triton is not None:
+    @triton.jit
+    def _qk_norm_rope_rows(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, HALF: tl.constexpr,
+                           BLOCK_H: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+        """_qk_norm_rope for one token's q and k heads at once ([BLOCK_H, HALF] tiles): cos / sin and the norm
+        weights loaded once per token; the same per-head arithmetic."""
+        n = tl.program_id(0)
+        hh = tl.arange(0, BLOCK_H)[:, None]
+        i = tl.arange(0, HALF)[None, :]
+        live = hh < H + HKV
+        base = QKV + n * sx + hh * 2 * HALF
+        x1 = tl.load(base + i, mask=live, other=0.0).to(tl.float32)
+        x2 = tl.load(base + HALF + i, mask=live, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1))[:, None] / (2 * HALF) + eps)
+        is_q = hh < H
+        w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
+        c1 = tl.load(C + n * sc + i).to(tl.float32)
+        c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
+        s1 = tl.load(S + n * sc + i).to(tl.float32)
+        s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
+        o1, o2 = norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, QO.dtype.element_ty,
+                                  WEIGHT_IN_FLOAT, HAS_OFFSET)
+        qm = is_q & (i < HALF)
+        km = live & (hh >= H) & (i < HALF)
+        qo = QO + (n * H + hh) * 2 * HALF
+        ko = KO + (n * HKV + (hh - H)) * 2 * HALF
+        tl.store(qo + i, o1, mask=qm)
+        tl.store(qo + HALF + i, o2, mask=qm)
+        tl.store(ko + i, o1, mask=km)
+        tl.store(ko + HALF + i, o2, mask=km)
+
+
 def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(slots, flat K store, flat V store) when this step's backend is one whose ``cache`` and per-row ``slots``
     take the new K/V as they are (the static decode step, static_decode.py), claimed from the cache (the
@@ -162,11 +201,16 @@ def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
         target = _cache_target(attn, ctx, ko)
     if N:
         slots, kf, vf = target if target is not None else (ko, ko, ko)  # unused pointers when not writing
+        flags = dict(WEIGHT_IN_FLOAT=bool(qn.weight_in_float), HAS_OFFSET=bool(qn.offset))
         try:
-            _qk_norm_rope[(N * (h + hkv + (hkv if target is not None else 0)),)](
-                q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0), h, hkv, float(qn.eps),
-                float(qn.offset), slots, kf, vf, HALF=d // 2, WEIGHT_IN_FLOAT=bool(qn.weight_in_float),
-                HAS_OFFSET=bool(qn.offset), WRITE_KV=target is not None)
+            if target is None and N >= ROWS_MIN:
+                _qk_norm_rope_rows[(N,)](q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0), h,
+                                         hkv, float(qn.eps), float(qn.offset), HALF=d // 2,
+                                         BLOCK_H=triton.next_power_of_2(h + hkv), **flags)
+            else:
+                _qk_norm_rope[(N * (h + hkv + (hkv if target is not None else 0)),)](
+                    q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0), h, hkv, float(qn.eps),
+                    float(qn.offset), slots, kf, vf, HALF=d // 2, WRITE_KV=target is not None, **flags)
         except Exception as e:  # noqa: BLE001 - any compile/launch failure: the separate ops from now on
             if target is not None:
                 ctx.backend.cache.release_claim()
