@@ -103,6 +103,37 @@ def gemm_table(shape: dict, batches: list[int]) -> dict[str, Any]:
     return out
 
 
+def idle_gaps(fn: Any, top: int = 12) -> dict[str, Any]:
+    """Where the GPU waits on the host in one run of ``fn``: wall time, GPU busy time, and the longest gaps between
+    kernels with the host ops running at the time (torch.profiler, CPU and CUDA)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+    ev = prof.events()
+    gpu = sorted((e.time_range.start, e.time_range.end) for e in ev if e.device_type == torch.autograd.DeviceType.CUDA)
+    cpu = [e for e in ev if e.device_type == torch.autograd.DeviceType.CPU]
+    busy = sum(b - a for a, b in gpu) / 1e3
+    gaps = []
+    for (_, end), (start, _) in zip(gpu, gpu[1:]):
+        if start - end > 50:  # us
+            during = [e for e in cpu if e.time_range.start < start and e.time_range.end > end]
+            during.sort(key=lambda e: e.time_range.end - e.time_range.start)  # innermost first
+            gaps.append(((start - end) / 1e3, " < ".join(e.name for e in during[:3]) or "-"))
+    gaps.sort(reverse=True)
+    print(f"\n### host gaps in one engine prefill: wall {wall:.1f} ms, GPU busy {busy:.1f} ms, "
+          f"{len(gaps)} gaps over 50 us totalling {sum(g[0] for g in gaps):.1f} ms")
+    for ms, name in gaps[:top]:
+        print(f"  {ms:7.3f} ms  during {name[:160]}")
+    return {"wall_ms": wall, "busy_ms": busy, "gaps": gaps[:top]}
+
+
 def prefill_tables(model: Any, hf: Any, shape: dict, n: int, reps: int, res: dict[str, Any]) -> None:
     """Kernel tables of one prefill of 4 prompts of ``n`` tokens: the engine's, HF's eager forward's, and the
     projections' cuBLAS GEMMs alone at 4 n rows (the floor both sit on)."""
@@ -129,6 +160,7 @@ def prefill_tables(model: Any, hf: Any, shape: dict, n: int, reps: int, res: dic
     for tag, fn in (("inferflow", ours), ("HF eager", theirs)):
         fn()
         res[f"prefill {tag}"] = print_table(f"prefill, {tag}, 4 x {n} tokens", kernel_table(fn, reps))
+    res["prefill idle"] = idle_gaps(ours)
     h, i = shape["hidden_size"], shape["intermediate_size"]
     d, nq, nkv = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
     x = torch.randn(4 * n, h, device="cuda", dtype=torch.bfloat16)
