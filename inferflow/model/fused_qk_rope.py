@@ -64,6 +64,19 @@ if triton is not None:
         return o1, o2
 
     @triton.jit
+    def _head_out(x1, x2, rstd, is_q, WQ, WK, CR, SR, i, offset, HALF: tl.constexpr, dt: tl.constexpr,
+                  WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+        """norm_rope_halves for q heads (``is_q``) or k heads, with their norm weight and the row's cos / sin
+        (``CR``, ``SR``) loaded at columns ``i`` (any shape that broadcasts against the halves)."""
+        w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
+        c1 = tl.load(CR + i).to(tl.float32)
+        c2 = tl.load(CR + HALF + i).to(tl.float32)
+        s1 = tl.load(SR + i).to(tl.float32)
+        s2 = tl.load(SR + HALF + i).to(tl.float32)
+        return norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
+
+    @triton.jit
     def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, SLOTS, KC, VC, HALF: tl.constexpr,
                       WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr, WRITE_KV: tl.constexpr):
         r = tl.program_id(0)
@@ -80,14 +93,8 @@ if triton is not None:
             x1 = tl.load(base + i).to(tl.float32)
             x2 = tl.load(base + HALF + i).to(tl.float32)
             rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-            w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
-            w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
-            c1 = tl.load(C + n * sc + i).to(tl.float32)
-            c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
-            s1 = tl.load(S + n * sc + i).to(tl.float32)
-            s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
-            o1, o2 = norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, QO.dtype.element_ty,
-                                      WEIGHT_IN_FLOAT, HAS_OFFSET)
+            o1, o2 = _head_out(x1, x2, rstd, is_q, WQ, WK, C + n * sc, S + n * sc, i, offset, HALF,
+                               QO.dtype.element_ty, WEIGHT_IN_FLOAT, HAS_OFFSET)
             qrow = tl.minimum(h, H - 1)
             krow = tl.maximum(h - H, 0)
             qo = QO + (n * H + qrow) * 2 * HALF
@@ -123,14 +130,8 @@ if triton is not None:
         x2 = tl.load(base + HALF + i, mask=live, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1))[:, None] / (2 * HALF) + eps)
         is_q = hh < H
-        w1 = tl.where(is_q, tl.load(WQ + i), tl.load(WK + i)).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(WQ + HALF + i), tl.load(WK + HALF + i)).to(tl.float32)
-        c1 = tl.load(C + n * sc + i).to(tl.float32)
-        c2 = tl.load(C + n * sc + HALF + i).to(tl.float32)
-        s1 = tl.load(S + n * sc + i).to(tl.float32)
-        s2 = tl.load(S + n * sc + HALF + i).to(tl.float32)
-        o1, o2 = norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, QO.dtype.element_ty,
-                                  WEIGHT_IN_FLOAT, HAS_OFFSET)
+        o1, o2 = _head_out(x1, x2, rstd, is_q, WQ, WK, C + n * sc, S + n * sc, i, offset, HALF,
+                           QO.dtype.element_ty, WEIGHT_IN_FLOAT, HAS_OFFSET)
         qm = is_q & (i < HALF)
         km = live & (hh >= H) & (i < HALF)
         qo = QO + (n * H + hh) * 2 * HALF
