@@ -45,8 +45,10 @@ def hash_blocks(token_ids: Sequence[int], block_size: int, extra: tuple = (), *,
     """
     out: list[int] = []
     head = (b"P" + prev.to_bytes(8, "little")) if prev is not None else (b"X" + repr(tuple(extra)).encode())
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        h = _digest(head + _token_bytes(token_ids[start:start + block_size]))
+    n = len(token_ids) // block_size * block_size
+    data, step = _token_bytes(token_ids[:n]), block_size * 8  # one conversion, then byte slices per block
+    for start in range(0, n * 8, step):
+        h = _digest(head + data[start:start + step])
         out.append(h)
         head = b"P" + h.to_bytes(8, "little")
     return out

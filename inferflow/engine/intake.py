@@ -35,9 +35,10 @@ class RequestIntake:
             if self.tokenizer is None:
                 raise InferflowError(f"{what}: this model has no tokenizer; pass token ids")
             return self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if t < 0 or (self.vocab_size and t >= self.vocab_size)]
-        if bad:
+        ids = list(map(int, prompt))
+        # min/max first: one C-level pass each; the listing of bad ids only runs when there is one
+        if ids and (min(ids) < 0 or (self.vocab_size and max(ids) >= self.vocab_size)):
+            bad = [t for t in ids if t < 0 or (self.vocab_size and t >= self.vocab_size)]
             raise InferflowError(f"{what}: token id(s) {bad[:5]} outside the vocabulary (0..{self.vocab_size - 1})")
         return ids
 

@@ -228,6 +228,9 @@ class Scheduler:
         bs = self.block_size
         self._counts = (self.pool.hits, self.pool.queries)
         usable = (seq.num_tokens - 1) // bs
+        if not self.pool.enable_caching:  # nothing to match: skip hashing the prompt (~1 ms per 8k tokens)
+            self.pool.queries += usable
+            usable = 0
         blocks = self.pool.match_prefix(seq.full_block_hashes(usable, bs)) if usable else []
         seq.block_table, seq.num_computed, seq.num_registered = blocks, len(blocks) * bs, len(blocks)
 
