@@ -82,7 +82,7 @@ def test_bench_gpu_doc_section(tmp_path):
            "date": "2026-11-29", "args": {"batches": "1,64"}, "header": header(["--out", "o"], "python tools/bench_gpu.py"),
            "logits": {"max_rel_diff": 0.056, "top1_agree": 4, "of": 4}, "kernel_max_abs_err": {"plain": 0.0078},
            "decode": {"inferflow b1": {"tps": 190.0}, "hf b1": {"tps": 150.0}},
-           "prefill": {"inferflow": {"tps": 38000.0}, "hf": {"tps": 31000.0}},
+           "prefill": {"inferflow": {"tps": 38000.0}, "hf": {"tps": 31000.0}, "hf_static": {"tps": 25000.0}},
            "q4_decode": {"q4 b1": {"tps": 345.0}, "bf16 b1": {"tps": 230.0}, "q4 triton b1": {"tps": 310.5}}}
     js = tmp_path / "bench_gpu.json"
     js.write_text(json.dumps(res))
@@ -93,5 +93,7 @@ def test_bench_gpu_doc_section(tmp_path):
     assert text.startswith("intro\n\n<!-- bench_gpu -->\n### GPU fast path") and "old" not in text
     assert "python tools/bench_gpu.py --out o" in text and "| decode tok/s, batch 1 | 190.0 | 150.0 | 1.27 |" in text
     assert "top-1 4/4" in text and "plain 0.0078" in text and "Machine:" in text
+    assert "vs HF's static-cache path (StaticCache, eager prompt forward) | 38000 | 25000 | 1.52 |" in text
+    assert "vs HF eager without a cache (HF's fastest) | 38000 | 31000 | 1.23 |" in text
     assert "| q4 decode tok/s, batch 1 (bf16 in the same phase: 230.0) | 345.0 | | 1.50 x bf16 |" in text
     assert "| q4 decode tok/s, batch 1, Triton kernels only (`--q4-ab`) | 310.5 | | 1.35 x bf16 |" in text

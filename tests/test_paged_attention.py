@@ -274,19 +274,32 @@ def _bias_fn(qi, ki):
     return (ki[None, :] - qi[:, None]).float()[None].expand(4, -1, -1) * torch.tensor([0.1, 0.2, 0.3, 0.4])[:, None, None]
 
 
+# per sequence, the new tokens it brings at each step (0: not in that step's batch)
+SCHEDULES = {
+    "chunks": [[4, 6], [7], [5, 1, 1, 5], [1, 1, 1]],
+    # whole new sequences of one length next to each other: batched runs (3 x 6 then 1 x 9 and 1 x 3; at step 1,
+    # a run of 2 after a chunk on cached blocks, then decode rows mixed with a run)
+    "runs": [[6, 1, 1], [6, 1], [6], [9, 1, 1], [3, 3, 1], [0, 6, 1], [0, 6], [0, 0, 4], [0, 0, 4]],
+    "one_run": [[5, 1, 1], [5, 1], [5, 1, 1]],  # step 0's batch is a single run: no scatter into an output buffer
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("causal,window,softcap,bias,hkv", [
     (True, None, None, False, 4), (False, None, None, False, 2), (False, 3, None, False, 1), (True, 3, 2.0, True, 2),
     (False, None, 1.5, True, 4), (True, 5, None, True, 1)])
-def test_backend_matches_dense(causal, window, softcap, bias, hkv):
+def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
     g = torch.Generator().manual_seed(0)
-    lens, chunks = [10, 7, 12, 3], [[4, 6], [7], [5, 1, 1, 5], [1, 1, 1]]
+    chunks = SCHEDULES[schedule]
+    lens = [sum(c) for c in chunks]
     layer = KVLayer(0, hkv, 8)
-    cache = PagedKVCache([layer], 16, BS, compute_dtype=torch.float32)
+    cache = PagedKVCache([layer], 32, BS, compute_dtype=torch.float32)
     tables = scattered_tables(cache, [[0] * n for n in lens], seed=3)
     dense = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens))))
     done = [0] * len(lens)
     kw = dict(causal=causal, scale=0.3, window=window, softcap=softcap, bias_fn=_bias_fn if bias else None)
-    for t in range(4):
+    runs = []
+    for t in range(max(map(len, chunks))):
         take = [c[t] if t < len(c) else 0 for c in chunks]
         rows = [i for i, n in enumerate(take) if n]
         n = sum(take)
@@ -294,12 +307,17 @@ def test_backend_matches_dense(causal, window, softcap, bias, hkv):
         ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=[take[i] for i in rows],
                              k_lens=[done[i] + take[i] for i in rows], backend=None)
         slots = torch.tensor([tables[i][p // BS] * BS + p % BS for i in rows for p in range(done[i], done[i] + take[i])])
-        ours = PagedAttentionBackend(cache, [tables[i] for i in rows], slots).self_attention(0, q, k, v, ctx, **kw)
+        backend = PagedAttentionBackend(cache, [tables[i] for i in rows], slots)
+        ours = backend.self_attention(0, q, k, v, ctx, **kw)
+        runs.append([r[2:] for r in backend._plan.runs])
         dense.slots = rows
         ref = dense.self_attention(0, q, k, v, ctx, **kw)
         rel_close(ours, ref, f"step {t}")
         for i in rows:
             done[i] += take[i]
+    want = {"chunks": [[(1, 4), (1, 7), (1, 5), (1, 1)], [], [], []], "one_run": [[(3, 5)], [], []],  # (sequences, length) per run
+            "runs": [[(3, 6), (1, 9), (1, 3)], [(2, 6)], [(2, 4)]]}
+    assert runs == want[schedule]
 
 
 def test_pure_decode_is_one_attention_call_per_layer(llama, monkeypatch, torch_ops):

@@ -8,8 +8,9 @@ through an in-memory weight source (no 16 GB file written). Measured, every syst
 - decode tok/s at batch 1 and 64 (128-token prompts, 128 new tokens, EOS ignored; tokens after each request's
   first / time after the first token): inferflow's Engine (CUDA graphs, paged Triton attention, fused
   projections) vs HF ``StaticCache`` + ``torch.compile(mode="reduce-overhead")`` greedy decode steps;
-- prefill tok/s of 2048-token prompts: the Engine (16 prompts, 8192 tokens per step, max_tokens=1) vs HF's
-  eager forward of 4 x 2048 tokens (logits of the last position only);
+- prefill tok/s of 2048-token prompts: the Engine (16 prompts, max_tokens=1) vs HF's static-cache path (the
+  eager forward of 4 x 2048 tokens into a ``StaticCache``, as ``generate`` runs a prompt) and vs HF's plain eager
+  forward without a cache (its fastest prefill); logits of the last position only;
 - q4 decode (``--q4``: load-time 4.5-bit quantization, ``--q4-format q4_0`` by default, through the quantization
   helper's Triton kernels) at batch 1 and 64, interleaved with bf16 decode in the same phase (run last: inferflow's
   searched ``q4`` format takes minutes to quantize 8B parameters, seen on the H200: > 5 minutes).
@@ -45,7 +46,7 @@ from inferflow.engine import Engine, EngineConfig  # noqa: E402
 # the parts, re-exported here (tools/bench_overlap.py, tools/profile_gpu.py and tests import them from bench_gpu)
 from bench_gpu_checks import kernel_check  # noqa: E402
 from bench_gpu_doc import DOC_SECTION, table, write_doc  # noqa: E402
-from bench_gpu_hf import HFStatic, decode_vs_hf, hf_prefill  # noqa: E402,F401
+from bench_gpu_hf import HFStatic, decode_vs_hf, hf_prefill, hf_prefill_static  # noqa: E402,F401
 from bench_gpu_ours import (T0, MemorySource, graph_gpu_ms, leading_same, load_shared, log,  # noqa: E402,F401
                             ours_decode, ours_prefill, ours_serving, sync)
 
@@ -151,13 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     def prefill() -> None:
         pp = rand(args.prefill_prompts, args.prefill_len)
         hp = pp[:4]
+        hs = HFStatic(hf, False, args.prefill_len)  # the prompt's forward only: nothing compiled
         ours_prefill(eng, pp[:4], device)
         hf_prefill(hf, hp[:1], device)
+        hf_prefill_static(hs, hp, device)
         ps: dict[str, list[float]] = {}
         for r in range(args.rounds):
             ps.setdefault("inferflow", []).append(ours_prefill(eng, pp, device))
             ps.setdefault("hf", []).append(hf_prefill(hf, hp, device))
-            log(f"prefill round {r + 1}: {ps['inferflow'][-1]:.0f} vs {ps['hf'][-1]:.0f} tok/s")
+            ps.setdefault("hf_static", []).append(hf_prefill_static(hs, hp, device))
+            log(f"prefill round {r + 1}: {ps['inferflow'][-1]:.0f} vs HF eager {ps['hf'][-1]:.0f}, "
+                f"HF static-cache path {ps['hf_static'][-1]:.0f} tok/s")
+        hs.caches.clear()
         res["prefill"] = {k: {"tps": statistics.median(v), "samples": v} for k, v in ps.items()}
 
     phases = set(args.phases.split(","))

@@ -1,5 +1,6 @@
 """HF transformers' side of tools/bench_gpu.py: greedy decoding with a ``StaticCache`` and a compiled one-token
-step (``HFStatic``), HF's eager prefill, and the decode phase that interleaves both systems (``decode_vs_hf``).
+step (``HFStatic``), HF's prefill two ways (its static-cache path, and a plain eager forward without a cache), and
+the decode phase that interleaves both systems (``decode_vs_hf``).
 """
 from __future__ import annotations
 
@@ -24,17 +25,10 @@ class HFStatic:
         self.caches: dict[int, Any] = {}  # one StaticCache per batch size, reused: no recompiles
         self.step = torch.compile(self._step, mode="reduce-overhead") if compile_ else self._step
 
-    def _step(self, tok: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
-        out = self.model(input_ids=tok, past_key_values=cache, cache_position=pos, position_ids=pos[None].expand(
-            tok.shape[0], 1), use_cache=True)
-        return out.logits[:, -1].argmax(-1, keepdim=True)
-
-    @torch.inference_mode()
-    def __call__(self, prompts: list[list[int]], n: int, device: str) -> tuple[float, list[list[int]]]:
+    def cache_for(self, b: int, device: str) -> Any:
+        """This batch size's StaticCache, emptied (built once, as generate keeps it between calls)."""
         from transformers import StaticCache
 
-        ids = torch.tensor(prompts, device=device)  # equal lengths: no padding
-        b, p = ids.shape
         cache = self.caches.get(b)
         if cache is None:
             try:
@@ -45,9 +39,26 @@ class HFStatic:
             self.caches[b] = cache
         else:
             cache.reset()
-        out = self.model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(p, device=device),
-                         use_cache=True, logits_to_keep=1)
-        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        return cache
+
+    def prefill(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The prompt's forward into the StaticCache, eager (generate compiles only the one-token step); greedy
+        next tokens [B, 1]."""
+        out = self.model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(ids.shape[1],
+                         device=ids.device), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def _step(self, tok: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(input_ids=tok, past_key_values=cache, cache_position=pos, position_ids=pos[None].expand(
+            tok.shape[0], 1), use_cache=True)
+        return out.logits[:, -1].argmax(-1, keepdim=True)
+
+    @torch.inference_mode()
+    def __call__(self, prompts: list[list[int]], n: int, device: str) -> tuple[float, list[list[int]]]:
+        ids = torch.tensor(prompts, device=device)  # equal lengths: no padding
+        b, p = ids.shape
+        cache = self.cache_for(b, device)
+        tok = self.prefill(ids, cache)
         toks = [tok]
         sync(device)
         t0 = time.perf_counter()
@@ -68,6 +79,20 @@ def hf_prefill(model: Any, prompts: list[list[int]], device: str) -> float:
     sync(device)
     t0 = time.perf_counter()
     model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    sync(device)
+    return ids.numel() / (time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def hf_prefill_static(hf_static: HFStatic, prompts: list[list[int]], device: str) -> float:
+    """Prefill tok/s of HF's static-cache path: the prompts' eager forward into a StaticCache, as ``generate``
+    with ``cache_implementation="static"`` runs its first step (the cache built once and emptied before each call,
+    outside the timing)."""
+    ids = torch.tensor(prompts, device=device)
+    cache = hf_static.cache_for(ids.shape[0], device)
+    sync(device)
+    t0 = time.perf_counter()
+    hf_static.prefill(ids, cache)
     sync(device)
     return ids.numel() / (time.perf_counter() - t0)
 

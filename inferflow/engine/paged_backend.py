@@ -6,9 +6,10 @@ first ``k_len`` keys, read through its block table, with the queries at key indi
 
 Decode rows (q_len == 1), the bulk of a memory-bound serving step, run as ONE padded gather and ONE
 attention call for all of them: the causal limit, the sliding window and ALiBi / relative biases
-become per-row key masks and a bias evaluated with one query index per row. Prefill chunks run one
-sequence at a time (a chunk that is the whole sequence uses its fresh K/V without a gather). Index
-tensors are built once per forward and shared by all layers; no device->host syncs happen here.
+become per-row key masks and a bias evaluated with one query index per row. Whole new sequences
+attend to their fresh K/V without a gather, and adjacent ones of one length run as one batched call;
+other prefill chunks (on top of cached blocks) run one sequence at a time. Index tensors are built
+once per forward and shared by all layers; no device->host syncs happen here.
 
 Cost on a GPU (H200, bf16, 64 sequences x 1k keys, 8 KV heads x 128): ~0.21 ms per layer, i.e. the
 gather (read + write of the K/V) plus SDPA reading it again; a fused paged kernel would read it once.
@@ -34,6 +35,7 @@ class _Plan:
     starts: list[int]                               # first token of each row in the packed stream
     dec: list[int]                                  # rows batched as decodes
     seqs: list[tuple[int, int, int, int, int]]      # (row, start, end, q_len, k_len) of the other rows
+    runs: list[tuple[int, int, int, int]]           # (start, end, count, length) of adjacent whole-new equal rows
     pure: bool                                      # every row is in ``dec`` (and in order)
     ragged: bool                                    # decode rows differ in k_len (a key mask is needed)
     lmax: int = 0
@@ -76,8 +78,8 @@ class PagedAttentionBackend(AttentionBackend):
             starts.append(start)
             start += ql
         dk = [ctx.k_lens[i] for i in dec]
-        p = self._plan = _Plan(ctx, starts, dec, seqs, pure=not seqs, ragged=bool(dk) and min(dk) != max(dk),
-                               lmax=max(dk, default=0))
+        p = self._plan = _Plan(ctx, starts, dec, seqs, _runs(seqs), pure=not seqs,
+                               ragged=bool(dk) and min(dk) != max(dk), lmax=max(dk, default=0))
         return p
 
     def _on(self, p: _Plan, name, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -132,18 +134,20 @@ class PagedAttentionBackend(AttentionBackend):
         args = (causal, scale, window, softcap, bias_fn)
         if p.pure:
             out = self._decode(key, p, qc, sdev, cdev, *args)
+        elif len(p.runs) == 1 and p.runs[0][1] - p.runs[0][0] == qc.shape[0]:  # one run is the whole batch
+            out = self._run(qc, k, v, cdev, p.runs[0], *args)
         else:
             out = torch.empty_like(qc)
             if p.dec:
                 tok = self._on(p, "dec_tok", cdev, lambda: torch.tensor([p.starts[i] for i in p.dec]).to(kv.device))
                 out.index_copy_(0, tok, self._decode(key, p, qc.index_select(0, tok), sdev, cdev, *args))
+            for run in p.runs:
+                out[run[0]:run[1]] = self._run(qc, k, v, cdev, run, *args)
             for row, s, e, ql, kl in p.seqs:
-                if ql == kl:  # the whole sequence is new: attend to the fresh K/V
-                    ki, vi = k[s:e].to(cdev), v[s:e].to(cdev)
-                else:
-                    idx = self._on(p, ("seq", row), sdev,
-                                   lambda: kv.seq_index(self.block_tables[row], kl))  # noqa: B023
-                    ki, vi = kv.gather_idx(key, idx)
+                if ql == kl:  # whole new: in a run above
+                    continue
+                idx = self._on(p, ("seq", row), sdev, lambda: kv.seq_index(self.block_tables[row], kl))  # noqa: B023
+                ki, vi = kv.gather_idx(key, idx)
                 bias = None
                 if bias_fn is not None:
                     bias = bias_fn(torch.arange(kl - ql, kl, device=cdev), torch.arange(kl, device=cdev))
@@ -152,6 +156,23 @@ class PagedAttentionBackend(AttentionBackend):
                                    bias=bias)
                 out[s:e] = o[0].transpose(0, 1)
         return out if out.device == q.device else out.to(q.device)
+
+    @staticmethod
+    def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cdev: torch.device, run: tuple[int, int, int, int],
+             causal: bool, scale: float, window: int | None, softcap: float | None,
+             bias_fn: BiasFn | None) -> torch.Tensor:
+        """Adjacent whole-new sequences of one length as ONE [B, H, T, D] attention call over their fresh K/V (views
+        of the packed stream): one kernel launch with B times the blocks in flight, not B launches. -> [B*T, H, D]"""
+        s, e, b, t = run
+        qb = q[s:e].unflatten(0, (b, t)).transpose(1, 2)
+        kb, vb = (x[s:e].to(cdev).unflatten(0, (b, t)).transpose(1, 2) for x in (k, v))
+        bias = None
+        if bias_fn is not None:  # the same [H, T, T] for every sequence of the run
+            pos = torch.arange(t, device=cdev)
+            bias = bias_fn(pos, pos)
+        o = attention_core(qb, kb, vb, q_start=0, causal=causal, scale=scale, window=window, softcap=softcap,
+                           bias=bias)
+        return o.transpose(1, 2).reshape(e - s, *q.shape[1:])
 
     def _native_batch(self, p: _Plan):
         """The pure-decode CPU batch's block tables, key counts and slots for the native kernel (validated once per
@@ -259,3 +280,18 @@ class PagedAttentionBackend(AttentionBackend):
                             lambda: torch.arange(max(lens))[None, :] < torch.tensor(lens)[:, None])
         o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, key_mask=mask)
         return o[:, :, 0, :]
+
+
+def _runs(seqs: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """(start, end, count, length) of maximal runs of whole-new rows (q_len == k_len) of one length that sit next
+    to each other in the packed stream."""
+    runs: list[list[int]] = []
+    for _, s, e, ql, kl in seqs:
+        if ql != kl:
+            continue
+        r = runs[-1] if runs else None
+        if r is not None and r[1] == s and r[3] == ql:
+            r[1], r[2] = e, r[2] + 1
+        else:
+            runs.append([s, e, 1, ql])
+    return [tuple(r) for r in runs]  # type: ignore[misc]
