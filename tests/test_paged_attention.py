@@ -350,3 +350,60 @@ def test_slot_mapping_and_index():
     assert idx[0, :10].tolist() == cache.seq_index(tables[0], 10).tolist() and idx[1, 2:].eq(0).all()
     with pytest.raises(inferflow.errors.InferflowError):
         cache.slot_mapping(tables, [0, 0, 0, 0], [13, 1, 1, 1])
+
+
+def _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, enable_gqa=False, window_size=None,
+                      is_causal=None):
+    """torch's varlen_attn contract on the CPU: causal attention within each [cu[i], cu[i+1]) segment."""
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and (window_size == (-1, 0) or is_causal)
+    cu = cu_q.tolist()
+    assert max_q == max_k == max(b - a for a, b in zip(cu, cu[1:]))
+    outs = [attention_core(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
+                           q_start=0, causal=True, scale=scale)[0].transpose(0, 1) for a, b in zip(cu, cu[1:])]
+    _varlen_reference.calls += 1
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("lens,varlen_calls", [((5, 3, 7, 3), 1), ((4, 4, 6), 0), ((4, 4, 4, 4), 0)])
+def test_new_prompts_of_many_lengths_take_one_varlen_call(monkeypatch, lens, varlen_calls):
+    """From VARLEN_MIN_RUNS runs of new prompts on, the backend hands the whole packed step to varlen attention (on
+    the CPU here through a reference with the kernel's contract: the offsets, the lengths, the packed layout)."""
+    import inferflow.engine.paged_backend as pb
+    from inferflow.engine import varlen
+
+    impl = varlen._impl()
+    assert impl is not None  # torch >= 2.11 has torch.nn.attention.varlen
+    _varlen_reference.calls = 0
+    monkeypatch.setattr(varlen, "_impl", lambda: (_varlen_reference, impl[1]))
+    monkeypatch.setattr(pb.varlen, "usable", lambda q, d: True)
+    g = torch.Generator().manual_seed(1)
+    cache = PagedKVCache([KVLayer(0, 2, 8)], 16, BS, compute_dtype=torch.float32)
+    tables = scattered_tables(cache, [[0] * n for n in lens], seed=2)
+    n = sum(lens)
+    q, k, v = torch.randn(n, 4, 8, generator=g), torch.randn(n, 2, 8, generator=g), torch.randn(n, 2, 8, generator=g)
+    ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=list(lens), k_lens=list(lens), backend=None)
+    slots = torch.tensor([t[p // BS] * BS + p % BS for t, m in zip(tables, lens) for p in range(m)])
+    ours = PagedAttentionBackend(cache, tables, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.3)
+    ref = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens)))).self_attention(
+        0, q, k, v, ctx, causal=True, scale=0.3)
+    rel_close(ours, ref, f"lens {lens}")
+    assert _varlen_reference.calls == varlen_calls
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="flash attention's varlen kernel runs on CUDA only")
+def test_varlen_kernel_on_cuda():
+    """torch's varlen kernel against per-prompt SDPA, on q / k / v that are strided views of one fused projection
+    (as the attention component hands them over)."""
+    from inferflow.engine import varlen
+
+    lens = [37, 300, 5, 128, 64]
+    n, h, hkv, d = sum(lens), 8, 2, 64
+    qkv = torch.randn(n, (h + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.unflatten(1, (-1, d)) for t in qkv.split([h * d, hkv * d, hkv * d], dim=1))
+    assert varlen.usable(q, d)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    got = varlen.varlen_causal(q, k, v, cu, max(lens), 0.1)
+    want = torch.cat([attention_core(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
+                                     v[a:b].transpose(0, 1)[None], q_start=0, causal=True, scale=0.1)[0].transpose(0, 1)
+                      for a, b in zip(cu.tolist(), cu.tolist()[1:])])
+    assert (got.float() - want.float()).abs().max().item() < 2e-2

@@ -7,9 +7,10 @@ first ``k_len`` keys, read through its block table, with the queries at key indi
 Decode rows (q_len == 1), the bulk of a memory-bound serving step, run as ONE padded gather and ONE
 attention call for all of them: the causal limit, the sliding window and ALiBi / relative biases
 become per-row key masks and a bias evaluated with one query index per row. Whole new sequences
-attend to their fresh K/V without a gather, and adjacent ones of one length run as one batched call;
-other prefill chunks (on top of cached blocks) run one sequence at a time. Index tensors are built
-once per forward and shared by all layers; no device->host syncs happen here.
+attend to their fresh K/V without a gather: adjacent ones of one length as one batched call, and a
+step of new prompts of many lengths as one varlen flash call on CUDA (``varlen.py``); other prefill
+chunks (on top of cached blocks) run one sequence at a time. Index tensors are built once per
+forward and shared by all layers; no device->host syncs happen here.
 
 Cost on a GPU (H200, bf16, 64 sequences x 1k keys, 8 KV heads x 128): ~0.21 ms per layer, i.e. the
 gather (read + write of the K/V) plus SDPA reading it again; a fused paged kernel would read it once.
@@ -24,7 +25,10 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..errors import InferflowError
 from ..model.context import AttentionBackend, BiasFn, ForwardContext, attention_core
+from . import varlen
 from .kv_cache import PagedKVCache
+
+VARLEN_MIN_RUNS = 3  # from this many runs of new prompts (as many calls) on, one varlen call takes them all
 
 
 @dataclass(slots=True)
@@ -36,6 +40,8 @@ class _Plan:
     dec: list[int]                                  # rows batched as decodes
     seqs: list[tuple[int, int, int, int, int]]      # (row, start, end, q_len, k_len) of the other rows
     runs: list[tuple[int, int, int, int]]           # (start, end, count, length) of adjacent whole-new equal rows
+    new_only: bool                                  # every row is a whole new sequence
+    ends: list[int]                                 # each row's end in the packed stream
     pure: bool                                      # every row is in ``dec`` (and in order)
     ragged: bool                                    # decode rows differ in k_len (a key mask is needed)
     lmax: int = 0
@@ -78,7 +84,8 @@ class PagedAttentionBackend(AttentionBackend):
             starts.append(start)
             start += ql
         dk = [ctx.k_lens[i] for i in dec]
-        p = self._plan = _Plan(ctx, starts, dec, seqs, _runs(seqs), pure=not seqs,
+        new_only = not dec and all(ql == kl for ql, kl in zip(ctx.q_lens, ctx.k_lens))
+        p = self._plan = _Plan(ctx, starts, dec, seqs, _runs(seqs), new_only, [*starts[1:], start], pure=not seqs,
                                ragged=bool(dk) and min(dk) != max(dk), lmax=max(dk, default=0))
         return p
 
@@ -136,6 +143,10 @@ class PagedAttentionBackend(AttentionBackend):
             out = self._decode(key, p, qc, sdev, cdev, *args)
         elif len(p.runs) == 1 and p.runs[0][1] - p.runs[0][0] == qc.shape[0]:  # one run is the whole batch
             out = self._run(qc, k, v, cdev, p.runs[0], *args)
+        elif (len(p.runs) >= VARLEN_MIN_RUNS and p.new_only and causal and window is None and softcap is None
+              and bias_fn is None and varlen.usable(qc, qc.shape[-1])):  # new prompts of many lengths: one call
+            cu = self._on(p, "cu_seq", cdev, lambda: torch.tensor([0, *p.ends], dtype=torch.int32))
+            out = varlen.varlen_causal(qc, k.to(cdev), v.to(cdev), cu, max(p.ctx.q_lens), scale)
         else:
             out = torch.empty_like(qc)
             if p.dec:
