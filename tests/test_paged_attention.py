@@ -407,3 +407,24 @@ def test_varlen_kernel_on_cuda():
                                      v[a:b].transpose(0, 1)[None], q_start=0, causal=True, scale=0.1)[0].transpose(0, 1)
                       for a, b in zip(cu.tolist(), cu.tolist()[1:])])
     assert (got.float() - want.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="flash attention's varlen kernel runs on CUDA only")
+def test_backend_varlen_on_cuda(monkeypatch):
+    """The backend's varlen path with torch's kernel: bf16 new prompts of four lengths against the dense backend."""
+    import inferflow.engine.paged_backend as pb
+
+    calls = []
+    real = pb.varlen.varlen_causal
+    monkeypatch.setattr(pb.varlen, "varlen_causal", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    lens = [5, 33, 17, 64]
+    n = sum(lens)
+    cache = PagedKVCache([KVLayer(0, 2, 64)], 64, BS, dtype="bfloat16", compute_dtype=torch.bfloat16, device="cuda")
+    tables = scattered_tables(cache, [[0] * m for m in lens], seed=2)
+    q, k, v = (torch.randn(n, h, 64, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=lens, k_lens=lens, backend=None)
+    slots = torch.tensor([t[p // BS] * BS + p % BS for t, m in zip(tables, lens) for p in range(m)], device="cuda")
+    ours = PagedAttentionBackend(cache, tables, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.125)
+    ref = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens)))).self_attention(
+        0, q, k, v, ctx, causal=True, scale=0.125)
+    assert calls == [1] and (ours.float() - ref.float()).abs().max().item() < 2e-2

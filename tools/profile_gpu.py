@@ -103,9 +103,9 @@ def gemm_table(shape: dict, batches: list[int]) -> dict[str, Any]:
     return out
 
 
-def idle_gaps(fn: Any, top: int = 12) -> dict[str, Any]:
+def idle_gaps(fn: Any, top: int = 12, what: str = "one engine prefill", min_us: float = 50) -> dict[str, Any]:
     """Where the GPU waits on the host in one run of ``fn``: wall time, GPU busy time, and the longest gaps between
-    kernels with the host ops running at the time (torch.profiler, CPU and CUDA)."""
+    kernels (over ``min_us``) with the host ops running at the time (torch.profiler, CPU and CUDA)."""
     import time
 
     from torch.profiler import ProfilerActivity, profile
@@ -122,13 +122,13 @@ def idle_gaps(fn: Any, top: int = 12) -> dict[str, Any]:
     busy = sum(b - a for a, b in gpu) / 1e3
     gaps = []
     for (_, end), (start, _) in zip(gpu, gpu[1:]):
-        if start - end > 50:  # us
+        if start - end > min_us:
             during = [e for e in cpu if e.time_range.start < start and e.time_range.end > end]
             during.sort(key=lambda e: e.time_range.end - e.time_range.start)  # innermost first
             gaps.append(((start - end) / 1e3, " < ".join(e.name for e in during[:3]) or "-"))
     gaps.sort(reverse=True)
-    print(f"\n### host gaps in one engine prefill: wall {wall:.1f} ms, GPU busy {busy:.1f} ms, "
-          f"{len(gaps)} gaps over 50 us totalling {sum(g[0] for g in gaps):.1f} ms")
+    print(f"\n### host gaps in {what}: wall {wall:.1f} ms, GPU busy {busy:.1f} ms, "
+          f"{len(gaps)} gaps over {min_us:g} us totalling {sum(g[0] for g in gaps):.2f} ms")
     for ms, name in gaps[:top]:
         print(f"  {ms:7.3f} ms  during {name[:160]}")
     return {"wall_ms": wall, "busy_ms": busy, "gaps": gaps[:top]}
@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q4", action="store_true")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--prefill", type=int, default=0, help="profile prefill of 4 prompts of this many tokens")
+    ap.add_argument("--decode-gaps", type=int, default=0,
+                    help="trace this many engine decode steps at the smallest batch: GPU idle gaps over 3 us")
     args = ap.parse_args(argv)
     import transformers
 
@@ -223,6 +225,21 @@ def main(argv: list[str] | None = None) -> int:
         (out / "profile_gpu.json").write_text(json.dumps(res, indent=1, default=str))
         return 0
     eng = engine_tables(model, "bf16")
+    if args.decode_gaps:  # batch-1 decode steps end to end: what the GPU waits on between graph replays
+        from inferflow.engine import SamplingParams
+
+        b1 = min(batches)
+        for p in prompts[b1]:
+            eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=args.decode_gaps + 16, ignore_eos=True))
+        for _ in range(8):
+            eng.step()
+
+        def steps() -> None:
+            for _ in range(args.decode_gaps):
+                eng.step()
+        res[f"decode gaps b{b1}"] = idle_gaps(steps, 16, f"{args.decode_gaps} decode steps at batch {b1}", 3)
+        while eng.has_unfinished():
+            eng.step()
     # full engine steps at the largest batch: host work and the GPU's idle gaps, as a trace
     from torch.profiler import ProfilerActivity, profile
 
