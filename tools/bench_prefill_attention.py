@@ -1,6 +1,7 @@
 """Prefill attention of whole new sequences, three ways, on one GPU: what the paged backend's choices cost.
 
     python tools/bench_prefill_attention.py [--cases 4x2048,16x512,ragged] [--iters 20]
+    python tools/bench_prefill_attention.py --first-calls 301,517,1029   # the cost of each new sequence length
 
 For packed q [N, 32, 128] and k/v [N, 8, 128] (bf16, the Qwen3-8B layer's heads):
 - ``per_seq``: one causal SDPA call per sequence on [1, H, T, D] views, the outputs copied into one buffer (the
@@ -70,13 +71,53 @@ def time_us(fn, iters: int) -> float:
     return statistics.median(ts)
 
 
+def first_calls(lengths: list[int], vfn) -> None:
+    """Wall ms of the first and the second call at each new sequence length: what a backend pays per new shape
+    (cuDNN builds an execution plan per shape; flash kernels have none to build)."""
+    import time
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(backend):
+        def run(q, k, v, lens):
+            with sdpa_kernel([backend]):
+                return per_seq(q, k, v, lens)
+        return run
+
+    forms = [("sdpa default", lambda q, k, v, lens: per_seq(q, k, v, lens)),
+             ("sdpa cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)), ("sdpa flash", sdpa(SDPBackend.FLASH_ATTENTION))]
+    if vfn is not None:
+        forms.append(("varlen", vfn))
+    print("| form | " + " | ".join(f"T={t} first / second ms" for t in lengths) + " |")
+    print("|---|" + "---:|" * len(lengths))
+    for i, (name, fn) in enumerate(forms):
+        row = []
+        for t in lengths:
+            t = t + i  # a length no earlier form has seen either
+            q = torch.randn(t, H, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(t, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            ms = []
+            for _ in range(2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(q, k, v, [t])
+                torch.cuda.synchronize()
+                ms.append((time.perf_counter() - t0) * 1e3)
+            row.append(f"{ms[0]:.1f} / {ms[1]:.2f}")
+        print(f"| {name} | " + " | ".join(row) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="4x2048,16x512,ragged")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--first-calls", default="", help="lengths, e.g. 301,517,1029: first vs second call per shape")
     args = ap.parse_args()
     vfn, vdesc = varlen_fn()
     print(f"torch {torch.__version__}; {vdesc}")
+    if args.first_calls:
+        first_calls([int(x) for x in args.first_calls.split(",")], vfn)
+        return
     g = torch.Generator(device="cuda").manual_seed(0)
     print("| case | per_seq µs | batched µs | varlen µs | batched max diff | varlen max diff |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -16,6 +16,7 @@ from ..model.pooling import pool_hidden, pooling_for
 from ..model.fuse import fuse_projections
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedKVCache
+from . import varlen
 from .paged_backend import PagedAttentionBackend
 from .scheduler import Scheduled
 from .static_decode import decode_items, pure_decode
@@ -62,6 +63,8 @@ class ModelRunner:
                 and not cache.host_layers and not config.host_embeddings):
             self.graphs = DecodeGraphs(model, cache, config.max_num_seqs, max_model_len, graphs=config.cuda_graphs,
                                        use_kernel=None if cuda else False)
+        if cuda:
+            varlen.warm_up(self.device, model.dtype)
 
     def run(self, scheduled: Sequence[Scheduled]) -> torch.Tensor:
         """float32 logits [R, vocab] for the scheduled sequences whose chunk ends at their last token, in order."""

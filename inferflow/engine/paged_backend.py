@@ -142,7 +142,7 @@ class PagedAttentionBackend(AttentionBackend):
         if p.pure:
             out = self._decode(key, p, qc, sdev, cdev, *args)
         elif len(p.runs) == 1 and p.runs[0][1] - p.runs[0][0] == qc.shape[0]:  # one run is the whole batch
-            out = self._run(qc, k, v, cdev, p.runs[0], *args)
+            out = self._run(qc, k, v, cdev, p.runs[0], *args).reshape(qc.shape)  # a view where SDPA's out is BTHD
         elif (len(p.runs) >= VARLEN_MIN_RUNS and p.new_only and causal and window is None and softcap is None
               and bias_fn is None and varlen.usable(qc, qc.shape[-1])):  # new prompts of many lengths: one call
             cu = self._on(p, "cu_seq", cdev, lambda: torch.tensor([0, *p.ends], dtype=torch.int32))
@@ -153,7 +153,8 @@ class PagedAttentionBackend(AttentionBackend):
                 tok = self._on(p, "dec_tok", cdev, lambda: torch.tensor([p.starts[i] for i in p.dec]).to(kv.device))
                 out.index_copy_(0, tok, self._decode(key, p, qc.index_select(0, tok), sdev, cdev, *args))
             for run in p.runs:
-                out[run[0]:run[1]] = self._run(qc, k, v, cdev, run, *args)
+                s, e, b, t = run
+                out[s:e].unflatten(0, (b, t)).copy_(self._run(qc, k, v, cdev, run, *args))
             for row, s, e, ql, kl in p.seqs:
                 if ql == kl:  # whole new: in a run above
                     continue
@@ -173,7 +174,8 @@ class PagedAttentionBackend(AttentionBackend):
              causal: bool, scale: float, window: int | None, softcap: float | None,
              bias_fn: BiasFn | None) -> torch.Tensor:
         """Adjacent whole-new sequences of one length as ONE [B, H, T, D] attention call over their fresh K/V (views
-        of the packed stream): one kernel launch with B times the blocks in flight, not B launches. -> [B*T, H, D]"""
+        of the packed stream): one kernel launch with B times the blocks in flight, not B launches. -> a [B, T, H, D]
+        view of the output (contiguous when SDPA's kernel writes BTHD, as flash and cuDNN do)"""
         s, e, b, t = run
         qb = q[s:e].unflatten(0, (b, t)).transpose(1, 2)
         kb, vb = (x[s:e].to(cdev).unflatten(0, (b, t)).transpose(1, 2) for x in (k, v))
@@ -183,7 +185,7 @@ class PagedAttentionBackend(AttentionBackend):
             bias = bias_fn(pos, pos)
         o = attention_core(qb, kb, vb, q_start=0, causal=causal, scale=scale, window=window, softcap=softcap,
                            bias=bias)
-        return o.transpose(1, 2).reshape(e - s, *q.shape[1:])
+        return o.transpose(1, 2)
 
     def _native_batch(self, p: _Plan):
         """The pure-decode CPU batch's block tables, key counts and slots for the native kernel (validated once per

@@ -55,3 +55,11 @@ def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq: tor
     if "enable_gqa" in params and q.shape[1] != k.shape[1]:
         kw["enable_gqa"] = True
     return fn(q, k, v, cu_seq, cu_seq, max_len, max_len, **kw)
+
+
+def warm_up(device: torch.device, dtype: torch.dtype) -> None:
+    """One tiny call, so that the kernel's first use (~4-5 s of lazy module loading on an H200 with torch 2.11)
+    happens when the engine starts, not in the first step that serves prompts of many lengths."""
+    q = torch.zeros(2, 1, 64, device=device, dtype=dtype)
+    if usable(q, 64):
+        varlen_causal(q, q, q, torch.tensor([0, 1, 2], dtype=torch.int32, device=device), 1, 0.125)

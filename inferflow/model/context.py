@@ -8,6 +8,7 @@ one in the engine).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 import torch
@@ -36,6 +37,26 @@ class ForwardContext:
         return len(set(self.q_lens)) == 1 and len(set(self.k_lens)) == 1
 
 
+@lru_cache(maxsize=1)
+def _no_cudnn() -> tuple:
+    from torch.nn.attention import SDPBackend
+
+    return SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` without cuDNN's backend on CUDA. cuDNN builds an execution plan for every
+    new shape, 38-64 ms each on an H200 (``tools/bench_prefill_attention.py --first-calls``), and a serving step meets
+    a new sequence length with nearly every prompt: 256 prompts of distinct lengths queued at once spent ~13 s
+    building plans. Flash attention's kernels have no per-shape set-up."""
+    if q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(list(_no_cudnn())):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int, causal: bool, scale: float,
                    window: int | None = None, softcap: float | None = None, bias: torch.Tensor | None = None,
                    key_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -48,8 +69,7 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
     tq, tk = q.shape[-2], k.shape[-2]
     if (causal and window is None and key_mask is None and softcap is None and bias is None and tq == tk
             and q_start == 0):  # a whole new sequence: SDPA's own causal path, no [Tq, Tk] mask built first
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        return sdpa(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     mask = None
     if causal and tq == 1 and q_start >= tk - 1:  # one query at the last key sees every key: no mask to build
         causal = False                            # (a one-token decode step; saves ~6 small ops per layer)
@@ -81,10 +101,10 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start
         attn_mask = bias.to(q.dtype)
         if mask is not None:
             attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+        return sdpa(q, k, v, attn_mask=attn_mask, scale=scale)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        return sdpa(q, k, v, scale=scale, enable_gqa=gqa)
+    return sdpa(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 class AttentionBackend:
