@@ -8,11 +8,11 @@ one in the engine).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
+
+from .sdpa import sdpa
 
 BiasFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (q_idx [Tq], k_idx [Tk]) -> [H, Tq, Tk]
 
@@ -35,26 +35,6 @@ class ForwardContext:
     @property
     def uniform(self) -> bool:
         return len(set(self.q_lens)) == 1 and len(set(self.k_lens)) == 1
-
-
-@lru_cache(maxsize=1)
-def _no_cudnn() -> tuple:
-    from torch.nn.attention import SDPBackend
-
-    return SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
-
-
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` without cuDNN's backend on CUDA. cuDNN builds an execution plan for every
-    new shape, 38-64 ms each on an H200 (``tools/bench_prefill_attention.py --first-calls``), and a serving step meets
-    a new sequence length with nearly every prompt: 256 prompts of distinct lengths queued at once spent ~13 s
-    building plans. Flash attention's kernels have no per-shape set-up."""
-    if q.device.type != "cuda":
-        return F.scaled_dot_product_attention(q, k, v, **kw)
-    from torch.nn.attention import sdpa_kernel
-
-    with sdpa_kernel(list(_no_cudnn())):
-        return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int, causal: bool, scale: float,
