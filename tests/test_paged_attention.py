@@ -428,3 +428,21 @@ def test_backend_varlen_on_cuda(monkeypatch):
     ref = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens)))).self_attention(
         0, q, k, v, ctx, causal=True, scale=0.125)
     assert calls == [1] and (ours.float() - ref.float()).abs().max().item() < 2e-2
+
+
+def test_varlen_probe_failure_turns_it_off(monkeypatch):
+    """A GPU or torch where the kernel raises at the engine's warm-up: varlen is off for that device, no crash."""
+    from inferflow.engine import varlen
+
+    impl = varlen._impl()
+
+    def broken(*a, **kw):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer")
+
+    monkeypatch.setattr(varlen, "_failed", set())
+    q = torch.zeros(2, 1, 64)
+    monkeypatch.setattr(varlen, "_impl", lambda: (_varlen_reference, impl[1]))
+    _varlen_reference.calls = 0
+    assert varlen.probe(q) and not varlen._failed
+    monkeypatch.setattr(varlen, "_impl", lambda: (broken, impl[1]))
+    assert not varlen.probe(q) and varlen._failed == {-1}  # -1: the key of a non-CUDA device

@@ -12,12 +12,14 @@ releases (``is_causal`` in 2.10, ``window_size`` from 2.11, ``enable_gqa`` from 
 from __future__ import annotations
 
 import inspect
+import logging
 from functools import lru_cache
 from typing import Any, Callable
 
 import torch
 
 VarlenFn = Callable[..., torch.Tensor]
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
@@ -29,12 +31,29 @@ def _impl() -> tuple[VarlenFn, frozenset[str]] | None:
     return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
+_failed: set[int] = set()  # CUDA devices where the kernel raised (warm_up): never tried there again
+
+
+@lru_cache(maxsize=8)
+def _flash_capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 0)  # flash attention's kernels: Ampere on
+
+
 def usable(q: torch.Tensor, head_dim: int) -> bool:
-    """Whether ``varlen_causal`` can take these queries (CUDA, fp16/bf16, head_dim a multiple of 8 up to 256, a
-    torch whose ``varlen_attn`` takes a ``scale``: 2.11 on)."""
+    """Whether ``varlen_causal`` can take these queries (CUDA on an Ampere or newer GPU, fp16/bf16, head_dim a
+    multiple of 8 up to 256, a torch whose ``varlen_attn`` takes a ``scale``: 2.11 on)."""
     impl = _impl()
-    return (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0
-            and head_dim <= 256 and impl is not None and "scale" in impl[1])
+    if q.device.type != "cuda" or impl is None or "scale" not in impl[1]:
+        return False
+    index = _index(q.device)
+    return (q.dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+            and index not in _failed and _flash_capable(index))
+
+
+def _index(device: torch.device) -> int:
+    if device.type != "cuda":
+        return -1
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq: torch.Tensor, max_len: int, scale: float,
@@ -62,4 +81,17 @@ def warm_up(device: torch.device, dtype: torch.dtype) -> None:
     happens when the engine starts, not in the first step that serves prompts of many lengths."""
     q = torch.zeros(2, 1, 64, device=device, dtype=dtype)
     if usable(q, 64):
-        varlen_causal(q, q, q, torch.tensor([0, 1, 2], dtype=torch.int32, device=device), 1, 0.125)
+        probe(q)
+
+
+def probe(q: torch.Tensor) -> bool:
+    """One call on ``q`` [2, 1, 64] (two one-token sequences); False, and the kernel off for q's device, if it
+    raises (a torch or GPU without it: prompts of many lengths then attend one call each)."""
+    try:
+        varlen_causal(q, q, q, torch.tensor([0, 1, 2], dtype=torch.int32, device=q.device), 1, 0.125)
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure of the optional kernel must not stop the engine
+        _failed.add(_index(q.device))
+        log.warning("varlen attention unavailable on %s (%s: %s); prompts of many lengths attend one call each",
+                    q.device, type(e).__name__, e)
+        return False
