@@ -446,3 +446,15 @@ def test_varlen_probe_failure_turns_it_off(monkeypatch):
     assert varlen.probe(q) and not varlen._failed
     monkeypatch.setattr(varlen, "_impl", lambda: (broken, impl[1]))
     assert not varlen.probe(q) and varlen._failed == {-1}  # -1: the key of a non-CUDA device
+
+
+def test_cpu_engines_never_import_torchs_varlen_module():
+    """Importing torch.nn.attention.varlen costs ~144 MB of RSS (a soak test saw it as a leak): CPU runs must not."""
+    code = ("import sys, torch\n"
+            "from inferflow.engine import varlen\n"
+            "assert not varlen.usable(torch.zeros(2, 1, 64, dtype=torch.bfloat16), 64)\n"
+            "assert 'torch.nn.attention.varlen' not in sys.modules\n")
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -42,8 +42,10 @@ def _flash_capable(index: int) -> bool:
 def usable(q: torch.Tensor, head_dim: int) -> bool:
     """Whether ``varlen_causal`` can take these queries (CUDA on an Ampere or newer GPU, fp16/bf16, head_dim a
     multiple of 8 up to 256, a torch whose ``varlen_attn`` takes a ``scale``: 2.11 on)."""
+    if q.device.type != "cuda":  # before _impl(): importing torch's varlen module costs ~144 MB of RSS
+        return False
     impl = _impl()
-    if q.device.type != "cuda" or impl is None or "scale" not in impl[1]:
+    if impl is None or "scale" not in impl[1]:
         return False
     index = _index(q.device)
     return (q.dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
