@@ -354,12 +354,15 @@ def test_slot_mapping_and_index():
 
 def _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, enable_gqa=False, window_size=None,
                       is_causal=None):
-    """torch's varlen_attn contract on the CPU: causal attention within each [cu[i], cu[i+1]) segment."""
-    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and (window_size == (-1, 0) or is_causal)
-    cu = cu_q.tolist()
-    assert max_q == max_k == max(b - a for a, b in zip(cu, cu[1:]))
-    outs = [attention_core(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
-                           q_start=0, causal=True, scale=scale)[0].transpose(0, 1) for a, b in zip(cu, cu[1:])]
+    """torch's varlen_attn contract on the CPU: causal attention of queries [cu_q[i], cu_q[i+1]) to keys
+    [cu_k[i], cu_k[i+1]), aligned bottom-right (the last query sees every key of its sequence), as flash does."""
+    assert cu_q.dtype == cu_k.dtype == torch.int32 and (window_size == (-1, 0) or is_causal)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    assert q.shape[0] == cq[-1] and k.shape[0] == v.shape[0] == ck[-1] and len(cq) == len(ck)
+    assert max_q == max(b - a for a, b in zip(cq, cq[1:])) and max_k == max(b - a for a, b in zip(ck, ck[1:]))
+    outs = [attention_core(q[a:b].transpose(0, 1)[None], k[c:d].transpose(0, 1)[None], v[c:d].transpose(0, 1)[None],
+                           q_start=(d - c) - (b - a), causal=True, scale=scale)[0].transpose(0, 1)
+            for a, b, c, d in zip(cq, cq[1:], ck, ck[1:])]
     _varlen_reference.calls += 1
     return torch.cat(outs)
 
@@ -388,6 +391,45 @@ def test_new_prompts_of_many_lengths_take_one_varlen_call(monkeypatch, lens, var
         0, q, k, v, ctx, causal=True, scale=0.3)
     rel_close(ours, ref, f"lens {lens}")
     assert _varlen_reference.calls == varlen_calls
+
+
+@pytest.mark.parametrize("schedule,calls", [("chunks", [1, 1, 0, 1]), ("runs", [1, 1, 0]),
+                                            ("one_run", [0, 0, 0])])
+def test_chunks_on_cached_keys_take_one_varlen_call(monkeypatch, schedule, calls):
+    """A step with prefill chunks on cached blocks (a lone decode among prefills counts as one) runs them as ONE
+    varlen call over their gathered keys, whole new prompts beside them as runs on their fresh K/V, decode rows as
+    their own batch; the result matches the dense backend step by step (the kernel's contract, bottom-right causal
+    limit included, by the reference)."""
+    import inferflow.engine.paged_backend as pb
+    from inferflow.engine import varlen
+
+    impl = varlen._impl()
+    monkeypatch.setattr(varlen, "_impl", lambda: (_varlen_reference, impl[1]))
+    monkeypatch.setattr(pb.varlen, "usable", lambda q, d: True)
+    g = torch.Generator().manual_seed(4)
+    chunks = SCHEDULES[schedule]
+    lens = [sum(c) for c in chunks]
+    cache = PagedKVCache([KVLayer(0, 2, 8)], 32, BS, compute_dtype=torch.float32)
+    tables = scattered_tables(cache, [[0] * n for n in lens], seed=5)
+    dense = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens))))
+    done, got = [0] * len(lens), []
+    for t in range(max(map(len, chunks))):
+        take = [c[t] if t < len(c) else 0 for c in chunks]
+        rows = [i for i, n in enumerate(take) if n]
+        n = sum(take)
+        q, k, v = torch.randn(n, 4, 8, generator=g), torch.randn(n, 2, 8, generator=g), torch.randn(n, 2, 8, generator=g)
+        ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=[take[i] for i in rows],
+                             k_lens=[done[i] + take[i] for i in rows], backend=None)
+        slots = torch.tensor([tables[i][p // BS] * BS + p % BS for i in rows for p in range(done[i], done[i] + take[i])])
+        _varlen_reference.calls = 0
+        ours = PagedAttentionBackend(cache, [tables[i] for i in rows], slots).self_attention(
+            0, q, k, v, ctx, causal=True, scale=0.3)
+        got.append(_varlen_reference.calls)
+        dense.slots = rows
+        rel_close(ours, dense.self_attention(0, q, k, v, ctx, causal=True, scale=0.3), f"step {t}")
+        for i in rows:
+            done[i] += take[i]
+    assert got == calls
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="flash attention's varlen kernel runs on CUDA only")
@@ -428,6 +470,38 @@ def test_backend_varlen_on_cuda(monkeypatch):
     ref = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens)))).self_attention(
         0, q, k, v, ctx, causal=True, scale=0.125)
     assert calls == [1] and (ours.float() - ref.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="flash attention's varlen kernel runs on CUDA only")
+def test_backend_chunks_varlen_on_cuda(monkeypatch):
+    """torch's kernel on steps of chunks over cached blocks (beside a new prompt and decode rows, then with a lone
+    decode): its bottom-right causal limit and key offsets against the dense backend, bf16."""
+    import inferflow.engine.paged_backend as pb
+
+    calls = []
+    real = pb.varlen.varlen_causal
+    monkeypatch.setattr(pb.varlen, "varlen_causal", lambda *a, **kw: calls.append(kw.get("max_k")) or real(*a, **kw))
+    steps = [[40, 17, 64, 0, 5], [8, 33, 1, 70, 1], [1, 1, 24, 0, 1]]  # new tokens per sequence and step
+    cache = PagedKVCache([KVLayer(0, 2, 64)], 128, BS, dtype="bfloat16", compute_dtype=torch.bfloat16, device="cuda")
+    tables = scattered_tables(cache, [[0] * sum(c) for c in zip(*steps)], seed=6)
+    dense = AttentionBackend(ContiguousKVCache(), slots=[])
+    done = [0] * len(tables)
+    for t, take in enumerate(steps):
+        rows = [i for i, n in enumerate(take) if n]
+        n = sum(take)
+        q, k, v = (torch.randn(n, h, 64, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+        ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=[take[i] for i in rows],
+                             k_lens=[done[i] + take[i] for i in rows], backend=None)
+        slots = torch.tensor([tables[i][p // BS] * BS + p % BS for i in rows for p in range(done[i], done[i] + take[i])],
+                             device="cuda")
+        ours = PagedAttentionBackend(cache, [tables[i] for i in rows], slots).self_attention(
+            0, q, k, v, ctx, causal=True, scale=0.125)
+        dense.slots = rows
+        ref = dense.self_attention(0, q, k, v, ctx, causal=True, scale=0.125)
+        assert (ours.float() - ref.float()).abs().max().item() < 2e-2, f"step {t}"
+        for i in rows:
+            done[i] += take[i]
+    assert calls == [None, 50, 89]  # new prompts of 4 lengths (no key offsets), then the chunks: their longest keys
 
 
 def test_varlen_probe_failure_turns_it_off(monkeypatch):

@@ -8,27 +8,33 @@ Decode rows (q_len == 1), the bulk of a memory-bound serving step, run as ONE pa
 attention call for all of them: the causal limit, the sliding window and ALiBi / relative biases
 become per-row key masks and a bias evaluated with one query index per row. Whole new sequences
 attend to their fresh K/V without a gather: adjacent ones of one length as one batched call, and a
-step of new prompts of many lengths as one varlen flash call on CUDA (``varlen.py``); other prefill
-chunks (on top of cached blocks) run one sequence at a time. Index tensors are built once per
-forward and shared by all layers; no device->host syncs happen here.
+step of new prompts of many lengths as one varlen flash call on CUDA (``varlen.py``). A step with
+prefill chunks on top of cached blocks (prefix-cache hits, long prompts split into chunks) gathers
+those chunks' keys and runs them as one varlen call with per-row key offsets; with windows,
+soft-capping, biases or on a CPU each chunk runs with a mask of its own. Index tensors are
+built once per forward and shared by all layers; no device->host syncs happen here.
 
 Cost on a GPU (H200, bf16, 64 sequences x 1k keys, 8 KV heads x 128): ~0.21 ms per layer, i.e. the
 gather (read + write of the K/V) plus SDPA reading it again; a fused paged kernel would read it once.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from ..errors import InferflowError
 from ..model.context import AttentionBackend, BiasFn, ForwardContext, attention_core
 from . import varlen
+from .paged_cross import PagedCrossAttention
 from .kv_cache import PagedKVCache
 
 VARLEN_MIN_RUNS = 3  # from this many runs of new prompts (as many calls) on, one varlen call takes them all
+# steps with chunks on cached blocks as one varlen call (=0: a masked call per chunk, for A/B runs)
+VARLEN_CHUNKS = os.environ.get("INFERFLOW_VARLEN_CHUNKS", "1") != "0"
 
 
 @dataclass(slots=True)
@@ -44,11 +50,12 @@ class _Plan:
     ends: list[int]                                 # each row's end in the packed stream
     pure: bool                                      # every row is in ``dec`` (and in order)
     ragged: bool                                    # decode rows differ in k_len (a key mask is needed)
+    chunks: list = field(default_factory=list)      # the rows of ``seqs`` on cached keys (q_len < k_len)
     lmax: int = 0
     memo: dict = field(default_factory=dict)        # (name, device) -> tensor
 
 
-class PagedAttentionBackend(AttentionBackend):
+class PagedAttentionBackend(PagedCrossAttention, AttentionBackend):
     """Self-attention over paged K/V; cross-attention K/V kept per request in ``cross`` dicts.
 
     block_tables: per sequence (batch order) its device block ids, as lists or as one padded
@@ -86,7 +93,8 @@ class PagedAttentionBackend(AttentionBackend):
         dk = [ctx.k_lens[i] for i in dec]
         new_only = not dec and all(ql == kl for ql, kl in zip(ctx.q_lens, ctx.k_lens))
         p = self._plan = _Plan(ctx, starts, dec, seqs, _runs(seqs), new_only, [*starts[1:], start], pure=not seqs,
-                               ragged=bool(dk) and min(dk) != max(dk), lmax=max(dk, default=0))
+                               ragged=bool(dk) and min(dk) != max(dk), chunks=[r for r in seqs if r[3] < r[4]],
+                               lmax=max(dk, default=0))
         return p
 
     def _on(self, p: _Plan, name, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -143,31 +151,70 @@ class PagedAttentionBackend(AttentionBackend):
             out = self._decode(key, p, qc, sdev, cdev, *args)
         elif len(p.runs) == 1 and p.runs[0][1] - p.runs[0][0] == qc.shape[0]:  # one run is the whole batch
             out = self._run(qc, k, v, cdev, p.runs[0], *args).reshape(qc.shape)  # a view where SDPA's out is BTHD
-        elif (len(p.runs) >= VARLEN_MIN_RUNS and p.new_only and causal and window is None and softcap is None
-              and bias_fn is None and varlen.usable(qc, qc.shape[-1])):  # new prompts of many lengths: one call
+        elif len(p.runs) >= VARLEN_MIN_RUNS and p.new_only and self._varlen_ok(qc, *args):  # many lengths: one call
             cu = self._on(p, "cu_seq", cdev, lambda: torch.tensor([0, *p.ends], dtype=torch.int32))
             out = varlen.varlen_causal(qc, k.to(cdev), v.to(cdev), cu, max(p.ctx.q_lens), scale)
+        elif not p.dec and not p.runs and VARLEN_CHUNKS and self._varlen_ok(qc, *args):  # every row on cached keys
+            out = self._chunks_varlen(key, p, qc, sdev, cdev, scale)  # (prefix-cache hits, a long prompt's chunks)
         else:
             out = torch.empty_like(qc)
             if p.dec:
                 tok = self._on(p, "dec_tok", cdev, lambda: torch.tensor([p.starts[i] for i in p.dec]).to(kv.device))
                 out.index_copy_(0, tok, self._decode(key, p, qc.index_select(0, tok), sdev, cdev, *args))
-            for run in p.runs:
-                s, e, b, t = run
-                out[s:e].unflatten(0, (b, t)).copy_(self._run(qc, k, v, cdev, run, *args))
-            for row, s, e, ql, kl in p.seqs:
-                if ql == kl:  # whole new: in a run above
-                    continue
-                idx = self._on(p, ("seq", row), sdev, lambda: kv.seq_index(self.block_tables[row], kl))  # noqa: B023
-                ki, vi = kv.gather_idx(key, idx)
-                bias = None
-                if bias_fn is not None:
-                    bias = bias_fn(torch.arange(kl - ql, kl, device=cdev), torch.arange(kl, device=cdev))
-                o = attention_core(qc[s:e].transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                   q_start=kl - ql, causal=causal, scale=scale, window=window, softcap=softcap,
-                                   bias=bias)
-                out[s:e] = o[0].transpose(0, 1)
+            at_once = bool(p.chunks) and VARLEN_CHUNKS and self._varlen_ok(qc, *args)
+            self._seqs_each(key, p, qc, k, v, out, sdev, cdev, *args, chunks=not at_once)
+            if at_once:  # the chunks as one call, as above
+                tok = self._on(p, "chunk_tok", cdev, lambda: torch.cat([torch.arange(s, e) for _, s, e, _, _ in p.chunks]))
+                out.index_copy_(0, tok, self._chunks_varlen(key, p, qc.index_select(0, tok), sdev, cdev, scale))
         return out if out.device == q.device else out.to(q.device)
+
+    def _seqs_each(self, key: int, p: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   sdev: torch.device, cdev: torch.device, causal: bool, scale: float, window: int | None,
+                   softcap: float | None, bias_fn: BiasFn | None, chunks: bool = True) -> None:
+        """The rows of ``p.seqs`` into ``out``: each run of whole new prompts as one call on their fresh K/V; with
+        ``chunks``, every other row (a chunk on cached blocks) with a gather and a masked call of its own (windows,
+        soft-capping, biases, CPUs)."""
+        kv, args = self.cache, (causal, scale, window, softcap, bias_fn)
+        for run in p.runs:
+            s, e, b, t = run
+            out[s:e].unflatten(0, (b, t)).copy_(self._run(q, k, v, cdev, run, *args))
+        for row, s, e, ql, kl in p.chunks if chunks else ():
+            idx = self._on(p, ("seq", row), sdev, lambda: kv.seq_index(self.block_tables[row], kl))  # noqa: B023
+            ki, vi = kv.gather_idx(key, idx)
+            bias = None
+            if bias_fn is not None:
+                bias = bias_fn(torch.arange(kl - ql, kl, device=cdev), torch.arange(kl, device=cdev))
+            o = attention_core(q[s:e].transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
+                               q_start=kl - ql, causal=causal, scale=scale, window=window, softcap=softcap, bias=bias)
+            out[s:e] = o[0].transpose(0, 1)
+
+    @staticmethod
+    def _varlen_ok(q: torch.Tensor, causal: bool, scale: float, window: int | None, softcap: float | None,
+                   bias_fn: BiasFn | None) -> bool:
+        return causal and window is None and softcap is None and bias_fn is None and varlen.usable(q, q.shape[-1])
+
+    def _chunks_varlen(self, key: int, p: _Plan, q: torch.Tensor, sdev: torch.device, cdev: torch.device,
+                       scale: float) -> torch.Tensor:
+        """Attention of the rows of ``p.chunks`` (prefill chunks on cached blocks, a lone decode among prefills;
+        ``q``: their tokens, packed) as ONE varlen flash call over their keys gathered from the cache (the new ones
+        already written), instead of a gather, a [Tq, Tk] mask and a masked SDPA call per row. Flash aligns the
+        causal limit bottom-right: a chunk's. (Whole new prompts stay on their fresh K/V: batched calls by
+        length, cuDNN's for recurring big shapes, beat one varlen call over gathered keys.)"""
+        lens = p.memo.get("chunk_lens")
+        if lens is None:
+            lens = p.memo["chunk_lens"] = ([r[3] for r in p.chunks], [r[4] for r in p.chunks])
+        ql, kl = lens
+
+        def keys() -> torch.Tensor:  # slots of every key of every row, packed row after row
+            tables = [self.block_tables[r] for r, *_ in p.chunks]
+            if isinstance(self.block_tables, torch.Tensor):
+                tables = [t.tolist() for t in tables]
+            return self.cache.slot_mapping(tables, [0] * len(kl), kl, device=torch.device("cpu"))
+
+        kk, vv = self.cache.gather_idx(key, self._on(p, "chunk_keys", sdev, keys))
+        cu_q = self._on(p, "chunk_cu_q", cdev, lambda: torch.tensor([0, *accumulate(ql)], dtype=torch.int32))
+        cu_k = self._on(p, "chunk_cu_k", cdev, lambda: torch.tensor([0, *accumulate(kl)], dtype=torch.int32))
+        return varlen.varlen_causal(q, kk, vv, cu_q, max(ql), scale, cu_seq_k=cu_k, max_k=max(kl))
 
     @staticmethod
     def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cdev: torch.device, run: tuple[int, int, int, int],
@@ -254,44 +301,6 @@ class PagedAttentionBackend(AttentionBackend):
             bias = bias_fn(self._dec(p, "dec_qpos", cdev), self._dec(p, "dec_kpos", cdev)).transpose(0, 1)[:, :, None, :]
         o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, bias=bias,
                            key_mask=mask)
-        return o[:, :, 0, :]
-
-    # ---- cross-attention ------------------------------------------------------------------------
-    def cross_kv(self, key: int, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-                 ctx: ForwardContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-sequence encoder K/V: from the request's dict, else computed once and stored there."""
-        cross = self.cross
-        if cross is None:  # nothing kept: compute for this forward only
-            return self._dense.cross_kv(key, compute, ctx)
-        if len(cross) != len(ctx.q_lens):
-            raise InferflowError(f"paged attention: {len(cross)} cross dicts for {len(ctx.q_lens)} sequences")
-        missing = [i for i, d in enumerate(cross) if key not in d]
-        if missing:
-            if ctx.encoder_out is None or ctx.enc_lens is None or len(ctx.enc_lens) != len(missing):
-                got = None if ctx.enc_lens is None else len(ctx.enc_lens)
-                raise InferflowError(f"paged attention: {len(missing)} sequence(s) lack cross K/V of layer {key}; "
-                                     f"encoder outputs given for {got}")
-            k, v = compute()
-            ks, vs = self._split(k, ctx.enc_lens), self._split(v, ctx.enc_lens)
-            for i, ki, vi in zip(missing, ks, vs):
-                # clone when split: a view would keep the whole packed batch alive with the request
-                cross[i][key] = (ki.clone(), vi.clone()) if len(missing) > 1 else (ki, vi)
-        return [d[key] for d in cross]
-
-    def cross_attention(self, key: int, q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
-                        ctx: ForwardContext, *, scale: float, softcap: float | None = None) -> torch.Tensor:
-        """Decode batches attend to their (padded) encoder K/V in one call; other batches per sequence."""
-        if len(kv) < 2 or any(n != 1 for n in ctx.q_lens):
-            return super().cross_attention(key, q, kv, ctx, scale=scale, softcap=softcap)
-        lens = [ki.shape[0] for ki, _ in kv]
-        k = pad_sequence([ki for ki, _ in kv], batch_first=True).transpose(1, 2)
-        v = pad_sequence([vi for _, vi in kv], batch_first=True).transpose(1, 2)
-        mask = None
-        if min(lens) != max(lens):
-            p = self._plan_for(ctx)
-            mask = self._on(p, ("enc_mask", tuple(lens)), q.device,
-                            lambda: torch.arange(max(lens))[None, :] < torch.tensor(lens)[:, None])
-        o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, key_mask=mask)
         return o[:, :, 0, :]
 
 

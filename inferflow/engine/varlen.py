@@ -59,9 +59,14 @@ def _index(device: torch.device) -> int:
 
 
 def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq: torch.Tensor, max_len: int, scale: float,
-                  fn: VarlenFn | None = None) -> torch.Tensor:
+                  fn: VarlenFn | None = None, *, cu_seq_k: torch.Tensor | None = None,
+                  max_k: int | None = None) -> torch.Tensor:
     """q [N, H, D], k/v [N, Hkv, D] packed whole sequences; ``cu_seq`` [B+1] int32 offsets on q's device.
-    Causal attention within each sequence -> [N, H, D]. ``fn`` replaces torch's kernel (tests on the CPU)."""
+    Causal attention within each sequence -> [N, H, D]. ``fn`` replaces torch's kernel (tests on the CPU).
+
+    ``cu_seq_k`` / ``max_k``: sequences whose keys outnumber their queries (prefill chunks on cached keys, k/v
+    [Nk, Hkv, D] packed per sequence); flash attention aligns the causal limit bottom-right, so query i of a
+    sequence with q_len queries and k_len keys sees keys 0 .. k_len - q_len + i."""
     impl = _impl()
     if fn is None:
         if impl is None:
@@ -75,7 +80,9 @@ def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq: tor
         kw["window_size"] = (-1, 0)  # (left, right): every earlier key, no later one
     if "enable_gqa" in params and q.shape[1] != k.shape[1]:
         kw["enable_gqa"] = True
-    return fn(q, k, v, cu_seq, cu_seq, max_len, max_len, **kw)
+    if cu_seq_k is None:
+        cu_seq_k, max_k = cu_seq, max_len
+    return fn(q, k, v, cu_seq, cu_seq_k, max_len, max_k, **kw)
 
 
 def warm_up(device: torch.device, dtype: torch.dtype) -> None:
