@@ -105,3 +105,58 @@ def test_kernel_failure_falls_back_to_torch(tmp_path, monkeypatch):
     eng.runner.graphs.static.use_kernel = True
     assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
     assert calls and eng.runner.graphs.static.use_kernel is False
+
+
+def test_capture_all_at_start(tmp_path, monkeypatch):
+    """capture_all captures every bucket, largest first, on one scratch block that goes back to the pool: the
+    padded rows all write that block's first slot, nothing else in the cache changes. The capture is emulated on
+    the CPU by the eager step (what the real capture records); a failed capture stops it and frees the block."""
+    m = engine_models.llama(tmp_path)
+    eng = _engine(m, True)
+    g = eng.runner.graphs
+    cache = eng.cache
+    before = [(cache._dev[k].k.clone(), cache._dev[k].v.clone()) for k in cache._dev]
+    free, seen = cache.pool.num_free, []
+
+    def capture(rows):
+        seen.append((rows, g.static.slots[:rows].tolist(), g.static.pos[:rows].tolist()))
+        g._graphs[rows] = (None, g._eager(rows))
+        return g._graphs[rows]
+
+    monkeypatch.setattr(g, "_capture", capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    g.graphs_on = True
+    assert g.capture_all(cache.pool) == 5 and [r for r, _, _ in seen] == [12, 8, 4, 2, 1]
+    slots = {x for _, s, _ in seen for x in s}
+    assert len(slots) == 1 and all(p == [0] * r for r, _, p in seen)  # one slot: scratch block * block_size + 0
+    (scratch,) = slots
+    assert cache.pool.num_free == free
+    cache.pool.assert_clean()
+    for (k0, v0), key in zip(before, cache._dev):
+        st = cache._dev[key]
+        keep = torch.ones(k0.shape[0] * k0.shape[1], dtype=torch.bool, device=k0.device)
+        keep[scratch] = False
+        for now, old in ((st.k, k0), (st.v, v0)):
+            flat, flat0 = now.view(-1, *now.shape[2:]), old.view(-1, *old.shape[2:])
+            assert torch.equal(flat[keep], flat0[keep]) and not torch.equal(flat[scratch], flat0[scratch])
+    assert g.capture_all(cache.pool) == 5 and len(seen) == 5  # nothing left to capture
+    g._graphs.clear()
+    monkeypatch.setattr(g, "_capture", lambda rows: seen.append(rows))  # a capture that fails: None
+    assert g.capture_all(cache.pool) == 0 and seen[-1] == 12 and cache.pool.num_free == free
+
+    def oom(rows):
+        if rows < 12:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return capture(rows)
+
+    monkeypatch.setattr(g, "_capture", oom)  # a warm-up that raises: the engine still starts, the rest stay lazy
+    assert g.capture_all(cache.pool) == 1 and list(g._graphs) == [12] and cache.pool.num_free == free
+
+
+def test_engine_captures_at_start_when_asked(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(DecodeGraphs, "capture_all", lambda self, pool: calls.append(pool) or 0)
+    m = engine_models.llama(tmp_path)
+    engines = [_engine(m, False, async_scheduling=True, capture_graphs_at_start=at) for at in (True, False)]
+    assert all(e.runner.graphs is not None for e in engines)  # forced async scheduling: static steps on the CPU too
+    assert calls == [engines[0].cache.pool]

@@ -37,6 +37,7 @@ class EngineConfig:
     speculative_draft_layers: int | None = None  # keep the draft's first N decoder layers (e.g. the target's own file)
     num_speculative_tokens: int = 4        # tokens the draft proposes per sequence and step
     cuda_graphs: bool = True               # CUDA only: pure-decode steps replay captured graphs (False: eager)
+    capture_graphs_at_start: bool = True   # capture every batch-size bucket's graph at start (False: on first use)
     async_scheduling: bool | None = None   # overlap host work with pure-decode steps (overlap.py); None: CUDA only
     fuse_projections: bool | None = None   # q/k/v and gate/up as one GEMM each; None: on (CPU and CUDA)
     fuse_add_norm: bool | None = None      # residual add + next RMSNorm as one kernel; None: on CUDA only

@@ -2,8 +2,11 @@
 
 A pure-decode batch of ``n`` sequences replays the graph of the smallest bucket >= n (1, 2, 4, 8, 16, 32, ...,
 up to ``max_num_seqs``), so a step costs one graph launch instead of a few thousand kernel launches from
-Python. Buckets are captured on first use (a warm-up run on a side stream first: Triton compiles, the
-allocator settles), all in one shared memory pool. Prefill and mixed batches stay eager (model_runner.py).
+Python. Each bucket is captured after a warm-up run on a side stream (Triton compiles, the GEMV choices are
+timed, the allocator settles), all in one shared memory pool: every bucket when the engine starts
+(``capture_all``, largest first, as vLLM does; ``EngineConfig.capture_graphs_at_start``), else a bucket on its
+first use, which then stalls that serving step for the capture. Prefill and mixed batches stay eager
+(model_runner.py).
 A bucket whose capture fails (an op that syncs with the host, say) turns graphs off for the engine: the
 static step then runs eagerly, which is still correct.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import time
 from typing import Any, Sequence
 
 import torch
@@ -40,6 +44,15 @@ def buckets(max_batch: int) -> list[int]:
     return out + [max_batch]
 
 
+class _Scratch:
+    """A stand-in sequence for captures at start: the block table of one scratch block."""
+
+    __slots__ = ("block_table",)
+
+    def __init__(self, blocks: list[int]):
+        self.block_table = blocks
+
+
 class DecodeGraphs:
     """Replays captured static decode steps; ``graphs=False`` runs the same padded step eagerly (CPU tests)."""
 
@@ -51,6 +64,7 @@ class DecodeGraphs:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.replays = 0
+        self.capture_ms: dict[int, float] = {}  # bucket -> ms its warm-up and capture took (capture_all)
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
@@ -76,6 +90,38 @@ class DecodeGraphs:
         hit[0].replay()
         self.replays += 1
         return hit[1][:n]
+
+    def capture_all(self, pool: Any) -> int:
+        """Capture every bucket's graph now, largest first (the shared memory pool is sized by the largest; the
+        others reuse it), on one scratch block taken from ``pool`` and given back: each warm-up and capture runs a
+        one-token sequence at position 0, padded to the bucket. -> the buckets captured (0 without graphs)."""
+        if not self.graphs_on:
+            return 0
+        scratch = _Scratch(pool.allocate(1))
+        t0 = time.perf_counter()
+        try:
+            for rows in reversed(self.buckets):
+                if rows in self._graphs:
+                    continue
+                t = time.perf_counter()
+                try:
+                    self.static.prepare([(scratch, 0, 0)], rows)
+                    captured = self._capture(rows) is not None
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - out of memory, say: the engine still starts
+                    log.warning("capturing the decode graph of %d rows at start failed (%s: %s); the buckets left are "
+                                "captured on first use", rows, type(e).__name__, e)
+                    break
+                if not captured:  # graphs are off for the engine now
+                    break
+                self.capture_ms[rows] = (time.perf_counter() - t) * 1000
+                log.debug("decode graph of %d rows: %.0f ms", rows, self.capture_ms[rows])
+        finally:
+            with contextlib.suppress(Exception):  # the scratch block's last writes are done before it is handed out
+                torch.cuda.synchronize()
+            pool.release(scratch.block_table)
+        log.info("captured %d decode graphs in %.1f s", len(self._graphs), time.perf_counter() - t0)
+        return len(self._graphs)
 
     def _eager(self, rows: int) -> torch.Tensor:
         """The static step without a graph; a failing Triton kernel (a compiler or driver problem) gives way to

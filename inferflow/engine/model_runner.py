@@ -65,6 +65,8 @@ class ModelRunner:
                                        use_kernel=None if cuda else False)
         if cuda:
             varlen.warm_up(self.device, model.dtype)
+        if self.graphs is not None and getattr(config, "capture_graphs_at_start", False):
+            self.graphs.capture_all(cache.pool)  # no capture stalls a serving step later
 
     def run(self, scheduled: Sequence[Scheduled]) -> torch.Tensor:
         """float32 logits [R, vocab] for the scheduled sequences whose chunk ends at their last token, in order."""
