@@ -48,6 +48,21 @@ def test_parse_serving_options():
             parse_args(bad)
 
 
+def test_shared_prefix_prompts():
+    """--prefix-len: prompt i starts with prefix i % --num-prefixes (prefix-cache hits, vLLM's prefix repetition);
+    the rest of each prompt and the prefixes of another seed (the next run, its warm-up) differ."""
+    from inferflow.bench.run_serving import _prompts
+    from inferflow.errors import InferflowError
+
+    a = parse_args(["serving", "--prompt-len", "40", "--prefix-len", "32", "--num-prefixes", "2"])
+    p, other = _prompts(a, 1000, None, 0, 6), _prompts(a, 1000, None, 2, 6)
+    assert all(len(x) == 40 for x in p) and p[0][:32] == p[2][:32] == p[4][:32] and p[1][:32] == p[5][:32]
+    assert p[0][:32] != p[1][:32] and len({tuple(x[32:]) for x in p}) == 6 and other[0][:32] != p[0][:32]
+    for bad in ("40", "-3"):
+        with pytest.raises(InferflowError, match="--prefix-len"):
+            _prompts(parse_args(["serving", "--prompt-len", "40", "--prefix-len", bad]), 1000, None, 0, 2)
+
+
 def test_serving_on_the_random_folder(folder, tmp_path, capsys):
     out, doc = tmp_path / "s.json", tmp_path / "doc.md"
     doc.write_text("# Benchmarks\n\nprose\n\n<!-- bench_serving -->\n<!-- /bench_serving -->\n\nmore prose\n")

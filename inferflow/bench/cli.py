@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--request-rate", type=_rates, default=[float("inf")],
                    help="requests/s (inf: all at once); several (inf,8): one run each, fresh prompts per run")
     s.add_argument("--arrival", choices=["poisson", "fixed"], default="poisson")
+    s.add_argument("--prefix-len", type=int, default=0, help="random prompts: the first N tokens shared between "
+                   "prompts (--num-prefixes distinct prefixes, taken in turn): prefix-cache hits")
+    s.add_argument("--num-prefixes", type=int, default=1)
     s.add_argument("--max-concurrency", type=int, help="requests in flight at most")
     s.add_argument("--slo-ttft-ms", type=float)
     s.add_argument("--slo-tpot-ms", type=float)

@@ -1,7 +1,9 @@
 """``inferflow bench serving``: latency and throughput of a running (or in-process) inferflow-service.
 
 Several ``--request-rate`` values run one after the other against the same service, each with fresh random
-prompts (no prefix-cache hit between runs) after its own untimed warm-up. With an in-process service the HTTP
+prompts (no prefix-cache hit between runs) after its own untimed warm-up on random prompts of its own (with
+``--prompts-file`` every run sends the file's first lines again: a later run's prompts are cache hits; with
+``--prefix-len`` the prompts of a run share prefixes, another run's do not). With an in-process service the HTTP
 client runs in a spawned process of its own (``--client process``), so its 256 streaming threads do not take the
 GIL from the engine they measure. ``--doc`` writes the table into the file's ``bench_serving`` section
 (``--from-json`` re-renders it from an earlier ``--json`` result without running).
@@ -31,7 +33,14 @@ def _prompts(args: argparse.Namespace, vocab: int | None, tokenizer: Any, seed: 
         if tokenizer is None:
             raise InferflowError("--prompts-file with --url needs --model (its tokenizer)")
         return file_prompts(args.prompts_file, n, tokenizer, args.prompt_len)
-    return random_prompts(n, args.prompt_len, vocab or 100, seed=seed)
+    prompts = random_prompts(n, args.prompt_len, vocab or 100, seed=seed)
+    plen = getattr(args, "prefix_len", 0) or 0
+    if plen:  # vLLM's prefix-repetition workload: prompt i starts with shared prefix i % k (a prefix-cache hit)
+        if not 0 < plen < args.prompt_len:
+            raise InferflowError(f"--prefix-len {plen}: must be between 1 and --prompt-len - 1 ({args.prompt_len - 1})")
+        heads = random_prompts(max(1, args.num_prefixes), plen, vocab or 100, seed=seed + 1_000_003)
+        prompts = [heads[i % len(heads)] + p[plen:] for i, p in enumerate(prompts)]
+    return prompts
 
 
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +110,9 @@ def serving_bench(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         runs = []
         for i, rate in enumerate(args.request_rate):
             prompts = _prompts(args, vocab, tok, args.seed + 2 * i, args.num_prompts)
-            warm = _prompts(args, vocab, tok, args.seed + 2 * i + 1, args.warmup_requests) \
+            # random ids even with --prompts-file (whose lines the timed prompts are: a warm-up on them would leave
+            # every timed prompt a prefix-cache hit)
+            warm = random_prompts(args.warmup_requests, args.prompt_len, vocab or 100, seed=args.seed + 2 * i + 1) \
                 if args.warmup_requests else None
             kw = dict(model=args.served_model, rate=rate, arrival=args.arrival, max_concurrency=args.max_concurrency,
                       api_key=args.api_key, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
@@ -138,6 +149,7 @@ def _result(args: argparse.Namespace, argv: list[str], runs: list[dict[str, Any]
     """The JSON record: the first run's figures at the top level (every run under ``runs`` when several)."""
     out = {"mode": "serving", **header(argv), **{k: v for k, v in runs[0].items() if k != "itl_samples_ms"},
            "config": {"num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "max_tokens": args.new_tokens,
+                      "prefix_len": getattr(args, "prefix_len", 0), "num_prefixes": getattr(args, "num_prefixes", 1),
                       "request_rates": args.request_rate, "warmup_requests": args.warmup_requests,
                       "warmup_tokens": args.warmup_tokens,
                       "client": args.client if local is not None else "thread"}}
@@ -177,7 +189,9 @@ def print_serving(out: dict[str, Any]) -> None:
 def serving_doc(out: dict[str, Any]) -> str:
     """The ``bench_serving`` docs section: setup, command, machine, one row per request rate."""
     cfg, eng = out["config"], out.get("engine")
-    lines = [f"### Serving benchmark: {cfg['num_prompts']} requests, {cfg['prompt_len']}-token prompts, "
+    shared = (f" (the first {cfg['prefix_len']} shared: {cfg.get('num_prefixes', 1)} prefix(es))"
+              if cfg.get("prefix_len") else "")
+    lines = [f"### Serving benchmark: {cfg['num_prompts']} requests, {cfg['prompt_len']}-token prompts{shared}, "
              f"{cfg['max_tokens']} output tokens ({out['date'][:10]})", ""]
     if eng:
         sh = eng["shape"]
