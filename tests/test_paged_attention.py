@@ -281,6 +281,7 @@ SCHEDULES = {
     # a run of 2 after a chunk on cached blocks, then decode rows mixed with a run)
     "runs": [[6, 1, 1], [6, 1], [6], [9, 1, 1], [3, 3, 1], [0, 6, 1], [0, 6], [0, 0, 4], [0, 0, 4]],
     "one_run": [[5, 1, 1], [5, 1], [5, 1, 1]],  # step 0's batch is a single run: no scatter into an output buffer
+    "hits": [[4, 3], [6, 2], [5, 4, 1]],  # step 1: only chunks on cached blocks (as prefix-cache hits give)
 }
 
 
@@ -316,7 +317,7 @@ def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
         for i in rows:
             done[i] += take[i]
     want = {"chunks": [[(1, 4), (1, 7), (1, 5), (1, 1)], [], [], []], "one_run": [[(3, 5)], [], []],  # (sequences, length) per run
-            "runs": [[(3, 6), (1, 9), (1, 3)], [(2, 6)], [(2, 4)]]}
+            "runs": [[(3, 6), (1, 9), (1, 3)], [(2, 6)], [(2, 4)]], "hits": [[(1, 4), (1, 6), (1, 5)], [], []]}
     assert runs == want[schedule]
 
 
@@ -393,16 +394,20 @@ def test_new_prompts_of_many_lengths_take_one_varlen_call(monkeypatch, lens, var
     assert _varlen_reference.calls == varlen_calls
 
 
-@pytest.mark.parametrize("schedule,calls", [("chunks", [1, 1, 0, 1]), ("runs", [1, 1, 0]),
-                                            ("one_run", [0, 0, 0])])
-def test_chunks_on_cached_keys_take_one_varlen_call(monkeypatch, schedule, calls):
+@pytest.mark.parametrize("schedule,calls,cap", [("chunks", [1, 1, 0, 1], None), ("runs", [1, 1, 0], None),
+                                                ("one_run", [0, 0, 0], None), ("hits", [1, 1, 0], None),
+                                                ("hits", [1, 2, 0], 16)])
+def test_chunks_on_cached_keys_take_one_varlen_call(monkeypatch, schedule, calls, cap):
     """A step with prefill chunks on cached blocks (a lone decode among prefills counts as one) runs them as ONE
     varlen call over their gathered keys, whole new prompts beside them as runs on their fresh K/V, decode rows as
     their own batch; the result matches the dense backend step by step (the kernel's contract, bottom-right causal
-    limit included, by the reference)."""
+    limit included, by the reference). ``cap``: keys per call (CHUNK_KEYS_PER_CALL), here so few that three chunks on
+    7, 8 and 9 keys take two calls."""
     import inferflow.engine.paged_backend as pb
     from inferflow.engine import varlen
 
+    if cap is not None:
+        monkeypatch.setattr(pb, "CHUNK_KEYS_PER_CALL", cap)
     impl = varlen._impl()
     monkeypatch.setattr(varlen, "_impl", lambda: (_varlen_reference, impl[1]))
     monkeypatch.setattr(pb.varlen, "usable", lambda q, d: True)

@@ -35,6 +35,9 @@ from .kv_cache import PagedKVCache
 VARLEN_MIN_RUNS = 3  # from this many runs of new prompts (as many calls) on, one varlen call takes them all
 # steps with chunks on cached blocks as one varlen call (=0: a masked call per chunk, for A/B runs)
 VARLEN_CHUNKS = os.environ.get("INFERFLOW_VARLEN_CHUNKS", "1") != "0"
+# keys gathered for one varlen call at most (more: several calls): bounds the transient K/V copy of a step of many
+# prefix-cache hits on long contexts (K and V of 128k keys of 8 KV heads x 128 in bf16: 512 MiB)
+CHUNK_KEYS_PER_CALL = 1 << 17
 
 
 @dataclass(slots=True)
@@ -200,21 +203,31 @@ class PagedAttentionBackend(PagedCrossAttention, AttentionBackend):
         already written), instead of a gather, a [Tq, Tk] mask and a masked SDPA call per row. Flash aligns the
         causal limit bottom-right: a chunk's. (Whole new prompts stay on their fresh K/V: batched calls by
         length, cuDNN's for recurring big shapes, beat one varlen call over gathered keys.)"""
-        lens = p.memo.get("chunk_lens")
-        if lens is None:
-            lens = p.memo["chunk_lens"] = ([r[3] for r in p.chunks], [r[4] for r in p.chunks])
-        ql, kl = lens
+        groups = p.memo.get("chunk_groups")
+        if groups is None:
+            groups = p.memo["chunk_groups"] = _key_groups([r[4] for r in p.chunks], CHUNK_KEYS_PER_CALL)
+        out = None if len(groups) == 1 else torch.empty_like(q)
+        q0 = 0
+        for g, (a, b) in enumerate(groups):
+            rows = p.chunks[a:b]
+            ql, kl = [r[3] for r in rows], [r[4] for r in rows]
 
-        def keys() -> torch.Tensor:  # slots of every key of every row, packed row after row
-            tables = [self.block_tables[r] for r, *_ in p.chunks]
-            if isinstance(self.block_tables, torch.Tensor):
-                tables = [t.tolist() for t in tables]
-            return self.cache.slot_mapping(tables, [0] * len(kl), kl, device=torch.device("cpu"))
+            def keys() -> torch.Tensor:  # slots of every key of every row, packed row after row
+                tables = [self.block_tables[r] for r, *_ in rows]  # noqa: B023 - called at once
+                if isinstance(self.block_tables, torch.Tensor):
+                    tables = [t.tolist() for t in tables]
+                return self.cache.slot_mapping(tables, [0] * len(kl), kl, device=torch.device("cpu"))  # noqa: B023
 
-        kk, vv = self.cache.gather_idx(key, self._on(p, "chunk_keys", sdev, keys))
-        cu_q = self._on(p, "chunk_cu_q", cdev, lambda: torch.tensor([0, *accumulate(ql)], dtype=torch.int32))
-        cu_k = self._on(p, "chunk_cu_k", cdev, lambda: torch.tensor([0, *accumulate(kl)], dtype=torch.int32))
-        return varlen.varlen_causal(q, kk, vv, cu_q, max(ql), scale, cu_seq_k=cu_k, max_k=max(kl))
+            kk, vv = self.cache.gather_idx(key, self._on(p, ("chunk_keys", g), sdev, keys))
+            cu_q = self._on(p, ("chunk_cu_q", g), cdev, lambda: torch.tensor([0, *accumulate(ql)], dtype=torch.int32))
+            cu_k = self._on(p, ("chunk_cu_k", g), cdev, lambda: torch.tensor([0, *accumulate(kl)], dtype=torch.int32))
+            q1 = q0 + sum(ql)
+            o = varlen.varlen_causal(q[q0:q1], kk, vv, cu_q, max(ql), scale, cu_seq_k=cu_k, max_k=max(kl))
+            if out is None:
+                return o
+            out[q0:q1] = o
+            q0 = q1
+        return out
 
     @staticmethod
     def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cdev: torch.device, run: tuple[int, int, int, int],
@@ -302,6 +315,17 @@ class PagedAttentionBackend(PagedCrossAttention, AttentionBackend):
         o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, bias=bias,
                            key_mask=mask)
         return o[:, :, 0, :]
+
+
+def _key_groups(k_lens: list[int], cap: int) -> list[tuple[int, int]]:
+    """Consecutive rows [a, b) whose keys add up to at most ``cap`` (a row with more keys alone)."""
+    groups, a, total = [], 0, 0
+    for i, n in enumerate(k_lens):
+        if i > a and total + n > cap:
+            groups.append((a, i))
+            a, total = i, 0
+        total += n
+    return groups + [(a, len(k_lens))]
 
 
 def _runs(seqs: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int]]:
