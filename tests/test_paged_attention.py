@@ -322,7 +322,7 @@ def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
 
 
 def test_pure_decode_is_one_attention_call_per_layer(llama, monkeypatch, torch_ops):
-    import inferflow.engine.paged_backend as pb
+    import inferflow.engine.paged_rows as pb
 
     m = llama
     seqs = sequences(VOCAB, lengths=(5, 9, 7))

@@ -1,6 +1,8 @@
 """The GPU fast path's Triton kernels under TRITON_INTERPRET=1 (CPU): the paged decode kernel against the engine's
 torch paged attention (PagedAttentionBackend) and the reference, for GQA, ragged lengths, block_size 16, soft-cap
 and a sliding window; the fused RMSNorm / RoPE / SwiGLU ops against the components' torch compositions."""
+import warnings
+
 import pytest
 from triton_modes import interpreter_in_process, keep_one_mode, run_file_in_subprocess
 import torch
@@ -104,6 +106,77 @@ def test_static_backend_kernel_vs_paged_backend(kernels, window):
     out = StaticDecodeBackend(cache, slots, tab, torch.tensor(lens), 64, use_kernel=True).self_attention(
         0, q, k, v, ctx, causal=True, scale=0.25, window=window)
     assert (out - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (4, None), (None, 3.0)])
+def test_mixed_step_decode_rows_take_the_kernel(kernels, monkeypatch, window, softcap):
+    """The decode rows of mixed steps (and a lone one) read their keys in place through the Triton paged kernel,
+    no gather; every step equals the dense backend, new prompts and chunks beside them included."""
+    from inferflow.engine import paged_rows
+    from inferflow.model.context import AttentionBackend, ContiguousKVCache
+
+    monkeypatch.setattr(paged_rows, "KERNEL_DEVICES", ("cuda", "cpu"))
+    calls = []
+    real = kernels.paged_decode
+    monkeypatch.setattr(kernels, "paged_decode", lambda q, *a, **kw: calls.append(q.shape[0]) or real(q, *a, **kw))
+    g = torch.Generator().manual_seed(5)
+    bs, hkv, H, D = 4, 2, 4, 16
+    cache = PagedKVCache([KVLayer(0, hkv, D)], 40, bs, compute_dtype=torch.float32)
+    steps = [[4, 3, 0, 0], [1, 1, 5, 0], [1, 1, 1, 6], [0, 0, 0, 1]]  # new tokens per sequence and step
+    lens = [sum(c) for c in zip(*steps)]
+    free = torch.randperm(40, generator=g).tolist()
+    tables = [[free.pop() for _ in range(-(-n // bs))] for n in lens]
+    dense = AttentionBackend(ContiguousKVCache(), slots=[])
+    done = [0] * 4
+    for t, take in enumerate(steps):
+        rows = [i for i, n in enumerate(take) if n]
+        n = sum(take)
+        q, k, v = torch.randn(n, H, D, generator=g), torch.randn(n, hkv, D, generator=g), torch.randn(n, hkv, D, generator=g)
+        ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=[take[i] for i in rows],
+                             k_lens=[done[i] + take[i] for i in rows], backend=None)
+        slots = cache.slot_mapping([tables[i] for i in rows], [done[i] for i in rows], [take[i] for i in rows])
+        kw = dict(causal=True, scale=0.3, window=window, softcap=softcap)
+        ours = PagedAttentionBackend(cache, [tables[i] for i in rows], slots).self_attention(0, q, k, v, ctx, **kw)
+        dense.slots = rows
+        assert (ours - dense.self_attention(0, q, k, v, ctx, **kw)).abs().max().item() <= 1e-5, f"step {t}"
+        for i in rows:
+            done[i] += take[i]
+    # steps 1-3: their decode rows (step 0 has none); step 3's lone decode on the CPU is the native kernel's unless
+    # soft-capped
+    assert calls == ([2, 3] if softcap is None else [2, 3, 1])
+
+
+def test_mixed_step_kernel_failure_falls_back(kernels, monkeypatch):
+    """A kernel that raises in a mixed step (a compiler or driver problem) warns once and gives way to the gather
+    path for good; the step's result is still right."""
+    from inferflow.engine import paged_rows
+    from inferflow.model.context import AttentionBackend, ContiguousKVCache
+
+    monkeypatch.setattr(paged_rows, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setitem(paged_rows._kernel, "ok", True)
+    calls = []
+
+    def broken(*a, **kw):
+        calls.append(1)
+        raise RuntimeError("kernel cannot run here")
+
+    monkeypatch.setattr(kernels, "paged_decode", broken)
+    g = torch.Generator().manual_seed(6)
+    cache = PagedKVCache([KVLayer(0, 2, 16)], 16, 4, compute_dtype=torch.float32)
+    tables = [[3, 7], [9, 1, 12]]
+    dense = AttentionBackend(ContiguousKVCache(), slots=[0, 1])
+    for take, done in (([5, 9], [0, 0]), ([1, 1], [5, 9]), ([1, 1], [6, 10])):
+        q, k, v = torch.randn(sum(take), 4, 16, generator=g), *(torch.randn(sum(take), 2, 16, generator=g) for _ in "kv")
+        ctx = ForwardContext(positions=torch.zeros(sum(take), dtype=torch.long), q_lens=take,
+                             k_lens=[a + b for a, b in zip(done, take)], backend=None)
+        slots = cache.slot_mapping(tables, done, take)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ours = PagedAttentionBackend(cache, tables, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.3,
+                                                                              softcap=2.0)
+        assert (ours - dense.self_attention(0, q, k, v, ctx, causal=True, scale=0.3, softcap=2.0)).abs().max() <= 1e-5
+        assert len(w) == (1 if take == [1, 1] and done == [5, 9] else 0)
+    assert calls == [1] and not paged_rows._kernel["ok"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

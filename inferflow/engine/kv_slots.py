@@ -30,24 +30,32 @@ class SlotIndexing:
         """
         device = device or self.device
         bs = self.block_size
-        if isinstance(tables, torch.Tensor):
-            table = tables.to(device)
-        else:
-            width = max(1, max((len(t) for t in tables), default=1))
-            for t, n in zip(tables, lengths):
-                if n > len(t) * bs:
-                    raise InferflowError(f"kv cache: length {n} exceeds the {len(t)} block(s) of its table")
-            flat, pad = array("q"), array("q", bytes(8 * width))
-            for t in tables:
-                flat.extend(t)
-                if len(t) < width:
-                    flat.extend(pad[:width - len(t)])
-            table = torch.frombuffer(flat, dtype=torch.long).view(len(tables), width).to(device)
+        table = self.table_tensor(tables, lengths, device)
         lens = torch.tensor(list(lengths), dtype=torch.long).to(device)
         pos = torch.arange(max(lengths), device=device)
         idx = table.index_select(1, pos // bs) * bs + pos % bs
         mask = pos[None, :] < lens[:, None]
         return idx.masked_fill_(~mask, 0), mask
+
+    def table_tensor(self, tables: Sequence[Sequence[int]] | torch.Tensor, lengths: Sequence[int],
+                     device: torch.device | None = None, multiple: int = 1) -> torch.Tensor:
+        """Block tables as one padded int64 [B, W] tensor on ``device`` (padding: block 0; W a multiple of
+        ``multiple``), each table checked to hold its sequence's ``lengths`` keys; one host->device copy."""
+        device = device or self.device
+        if isinstance(tables, torch.Tensor):
+            return tables.to(device)
+        bs = self.block_size
+        width = max(1, max((len(t) for t in tables), default=1))
+        width = -(-width // multiple) * multiple
+        for t, n in zip(tables, lengths):
+            if n > len(t) * bs:
+                raise InferflowError(f"kv cache: length {n} exceeds the {len(t)} block(s) of its table")
+        flat, pad = array("q"), array("q", bytes(8 * width))
+        for t in tables:
+            flat.extend(t)
+            if len(t) < width:
+                flat.extend(pad[:width - len(t)])
+        return torch.frombuffer(flat, dtype=torch.long).view(len(tables), width).to(device)
 
     def slot_mapping(self, tables: Sequence[Sequence[int]], starts: Sequence[int], counts: Sequence[int],
                      device: torch.device | None = None) -> torch.Tensor:

@@ -4,18 +4,16 @@ Every new token's K/V is written at its slot (``slot_mapping``); each sequence t
 first ``k_len`` keys, read through its block table, with the queries at key indices
 ``k_len - q_len .. k_len - 1`` (so chunked prefill on top of cached blocks just works).
 
-Decode rows (q_len == 1), the bulk of a memory-bound serving step, run as ONE padded gather and ONE
-attention call for all of them: the causal limit, the sliding window and ALiBi / relative biases
-become per-row key masks and a bias evaluated with one query index per row. Whole new sequences
+Decode rows (q_len == 1), the bulk of a memory-bound serving step, run as ONE call for all of them
+(``paged_rows.py``): the Triton paged kernel reading K/V in place on CUDA, else one padded gather
+where the causal limit, the sliding window and ALiBi / relative biases become per-row key masks
+and a bias evaluated with one query index per row. Whole new sequences
 attend to their fresh K/V without a gather: adjacent ones of one length as one batched call, and a
 step of new prompts of many lengths as one varlen flash call on CUDA (``varlen.py``). A step with
 prefill chunks on top of cached blocks (prefix-cache hits, long prompts split into chunks) gathers
 those chunks' keys and runs them as one varlen call with per-row key offsets; with windows,
 soft-capping, biases or on a CPU each chunk runs with a mask of its own. Index tensors are
 built once per forward and shared by all layers; no device->host syncs happen here.
-
-Cost on a GPU (H200, bf16, 64 sequences x 1k keys, 8 KV heads x 128): ~0.21 ms per layer, i.e. the
-gather (read + write of the K/V) plus SDPA reading it again; a fused paged kernel would read it once.
 """
 from __future__ import annotations
 
@@ -30,6 +28,7 @@ from ..errors import InferflowError
 from ..model.context import AttentionBackend, BiasFn, ForwardContext, attention_core
 from . import varlen
 from .paged_cross import PagedCrossAttention
+from .paged_rows import DecodeRows
 from .kv_cache import PagedKVCache
 
 VARLEN_MIN_RUNS = 3  # from this many runs of new prompts (as many calls) on, one varlen call takes them all
@@ -58,7 +57,7 @@ class _Plan:
     memo: dict = field(default_factory=dict)        # (name, device) -> tensor
 
 
-class PagedAttentionBackend(PagedCrossAttention, AttentionBackend):
+class PagedAttentionBackend(DecodeRows, PagedCrossAttention, AttentionBackend):
     """Self-attention over paged K/V; cross-attention K/V kept per request in ``cross`` dicts.
 
     block_tables: per sequence (batch order) its device block ids, as lists or as one padded
@@ -109,28 +108,6 @@ class PagedAttentionBackend(PagedCrossAttention, AttentionBackend):
                 base = p.memo[(name, None)] = make()
             t = p.memo[(name, device)] = base.to(device)
         return t
-
-    def _dec_base(self, p: _Plan) -> None:
-        """The decode rows' padded slot indices, key mask, query and key positions (on the cache's device)."""
-        if ("dec_idx", None) in p.memo:
-            return
-        lens = [p.ctx.k_lens[i] for i in p.dec]
-        dev = self.cache.device
-        tables = self.block_tables
-        if isinstance(tables, torch.Tensor):
-            rows = tables if p.pure else tables.index_select(0, torch.tensor(p.dec, device=tables.device))
-        else:
-            rows = [tables[i] for i in p.dec]
-        if len(p.dec) == 1:  # a lone decode whose blocks are consecutive reads its K/V as views (no gather)
-            p.memo["dec_run"] = self.cache.run_start(rows[0], lens[0], self.cache.block_size)
-        idx, mask = self.cache.slot_index(rows, lens, dev)
-        p.memo.update({("dec_idx", None): idx, ("dec_mask", None): mask,
-                       ("dec_qpos", None): torch.tensor(lens).to(dev) - 1,
-                       ("dec_kpos", None): torch.arange(p.lmax, device=dev)})
-
-    def _dec(self, p: _Plan, name, device: torch.device) -> torch.Tensor:
-        self._dec_base(p)
-        return self._on(p, name, device, lambda: None)
 
     # ---- self-attention -------------------------------------------------------------------------
     def self_attention(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, *,
@@ -246,75 +223,6 @@ class PagedAttentionBackend(PagedCrossAttention, AttentionBackend):
         o = attention_core(qb, kb, vb, q_start=0, causal=causal, scale=scale, window=window, softcap=softcap,
                            bias=bias)
         return o.transpose(1, 2)
-
-    def _native_batch(self, p: _Plan):
-        """The pure-decode CPU batch's block tables, key counts and slots for the native kernel (validated once per
-        forward: cpu_ops.DecodeBatch); None: not served."""
-        from ..native.cpu_ops import DecodeBatch
-
-        t, slots = self.block_tables, self.slot_mapping
-        if isinstance(t, torch.Tensor):
-            if t.device.type != "cpu" or t.dim() != 2:
-                return None
-            tables = t.to(torch.int64)
-        else:
-            width = max(1, max(len(r) for r in t))
-            tables = torch.tensor([list(r) + [0] * (width - len(r)) for r in t], dtype=torch.int64)
-        if slots.device.type != "cpu":
-            return None
-        try:
-            return DecodeBatch(tables, torch.tensor(p.ctx.k_lens, dtype=torch.int64), slots.to(torch.int64),
-                               self.cache.block_size, self.cache.num_blocks)
-        except ValueError:
-            return None
-
-    def _native_decode(self, key: int, p: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       scale: float, window: int | None = None) -> torch.Tensor | None:
-        """A pure-decode CPU batch's K/V write and attention over its blocks, read in place, as one native call
-        (inferflow/native/cpu_ops.py; float32 softmax, per-sequence results independent of the batch); None: the
-        torch path runs (native ops off, quantized or off-CPU K/V, a dtype the kernel does not take)."""
-        from ..native import cpu_ops
-
-        kv = self.cache
-        if not cpu_ops.enabled_all() or kv.compute_device(key).type != "cpu":
-            return None
-        batch = p.memo.get("native", False)
-        if batch is False:
-            batch = p.memo["native"] = self._native_batch(p)
-        if batch is None:
-            return None
-        stores = kv.claim_write(key, batch.slots, k)  # the cache's flat K/V stores; the kernel stores k/v itself
-        if stores is None:
-            return None
-        kv.release_claim()  # no kv.write follows: nothing to skip
-        return cpu_ops.paged_decode(q, k, v, stores[0], stores[1], batch, scale, window)
-
-    def _decode(self, key: int, p: _Plan, q: torch.Tensor, sdev: torch.device, cdev: torch.device, causal: bool,
-                scale: float, window: int | None, softcap: float | None, bias_fn: BiasFn | None) -> torch.Tensor:
-        """One gather + one attention call for all decode rows; q: [Bd, H, D] -> [Bd, H, D]."""
-        self._dec_base(p)
-        start = p.memo.get("dec_run")
-        kv = None if start is None else self.cache.read_run(key, start, p.lmax)
-        if kv is not None:  # the same values and strides as the gather's, read in place
-            k, v = kv[0][None], kv[1][None]
-        else:
-            k, v = self.cache.gather_idx(key, self._dec(p, "dec_idx", sdev))
-        k, v = k.transpose(1, 2), v.transpose(1, 2)   # [Bd, Hkv, Lmax, D]
-        mask = self._dec(p, "dec_mask", cdev) if p.ragged else None
-        if mask is not None and window is None and bias_fn is None and softcap is None:
-            # SDPA turns a bool mask into a float bias in every layer: build that bias once per forward instead
-            mask = self._on(p, ("dec_bias", q.dtype), cdev, lambda: torch.zeros(
-                mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(~mask, float("-inf")))
-        if window is not None:  # keys with q_pos - k_pos < window only
-            memo = p.memo
-            mask = self._on(p, ("dec_win", window), cdev, lambda: memo[("dec_mask", None)] & (
-                memo[("dec_kpos", None)][None, :] > memo[("dec_qpos", None)][:, None] - window))
-        bias = None
-        if bias_fn is not None:  # one query index per row: [H, Bd, Lmax] -> [Bd, H, 1, Lmax]
-            bias = bias_fn(self._dec(p, "dec_qpos", cdev), self._dec(p, "dec_kpos", cdev)).transpose(0, 1)[:, :, None, :]
-        o = attention_core(q[:, :, None, :], k, v, q_start=0, causal=False, scale=scale, softcap=softcap, bias=bias,
-                           key_mask=mask)
-        return o[:, :, 0, :]
 
 
 def _key_groups(k_lens: list[int], cap: int) -> list[tuple[int, int]]:
