@@ -285,21 +285,16 @@ SCHEDULES = {
 }
 
 
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
-@pytest.mark.parametrize("causal,window,softcap,bias,hkv", [
-    (True, None, None, False, 4), (False, None, None, False, 2), (False, 3, None, False, 1), (True, 3, 2.0, True, 2),
-    (False, None, 1.5, True, 4), (True, 5, None, True, 1)])
-def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
-    g = torch.Generator().manual_seed(0)
+def run_schedule(schedule: str, hkv: int, seed: int, table_seed: int, **kw):
+    """Every step of ``SCHEDULES[schedule]`` through a fresh PagedAttentionBackend and the dense cached backend
+    (``kw``: the attention options), compared step by step; yields each step's backend after it ran."""
+    g = torch.Generator().manual_seed(seed)
     chunks = SCHEDULES[schedule]
     lens = [sum(c) for c in chunks]
-    layer = KVLayer(0, hkv, 8)
-    cache = PagedKVCache([layer], 32, BS, compute_dtype=torch.float32)
-    tables = scattered_tables(cache, [[0] * n for n in lens], seed=3)
+    cache = PagedKVCache([KVLayer(0, hkv, 8)], 32, BS, compute_dtype=torch.float32)
+    tables = scattered_tables(cache, [[0] * n for n in lens], seed=table_seed)
     dense = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens))))
     done = [0] * len(lens)
-    kw = dict(causal=causal, scale=0.3, window=window, softcap=softcap, bias_fn=_bias_fn if bias else None)
-    runs = []
     for t in range(max(map(len, chunks))):
         take = [c[t] if t < len(c) else 0 for c in chunks]
         rows = [i for i, n in enumerate(take) if n]
@@ -310,12 +305,21 @@ def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
         slots = torch.tensor([tables[i][p // BS] * BS + p % BS for i in rows for p in range(done[i], done[i] + take[i])])
         backend = PagedAttentionBackend(cache, [tables[i] for i in rows], slots)
         ours = backend.self_attention(0, q, k, v, ctx, **kw)
-        runs.append([r[2:] for r in backend._plan.runs])
         dense.slots = rows
-        ref = dense.self_attention(0, q, k, v, ctx, **kw)
-        rel_close(ours, ref, f"step {t}")
+        rel_close(ours, dense.self_attention(0, q, k, v, ctx, **kw), f"step {t}")
+        yield backend
         for i in rows:
             done[i] += take[i]
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("causal,window,softcap,bias,hkv", [
+    (True, None, None, False, 4), (True, 3, None, False, 2), (False, None, None, False, 2), (False, 3, None, False, 1),
+    (True, 3, 2.0, True, 2),
+    (False, None, 1.5, True, 4), (True, 5, None, True, 1)])
+def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
+    kw = dict(causal=causal, scale=0.3, window=window, softcap=softcap, bias_fn=_bias_fn if bias else None)
+    runs = [[r[2:] for r in b._plan.runs] for b in run_schedule(schedule, hkv, 0, 3, **kw)]
     want = {"chunks": [[(1, 4), (1, 7), (1, 5), (1, 1)], [], [], []], "one_run": [[(3, 5)], [], []],  # (sequences, length) per run
             "runs": [[(3, 6), (1, 9), (1, 3)], [(2, 6)], [(2, 4)]], "hits": [[(1, 4), (1, 6), (1, 5)], [], []]}
     assert runs == want[schedule]
@@ -408,32 +412,34 @@ def test_chunks_on_cached_keys_take_one_varlen_call(monkeypatch, schedule, calls
 
     if cap is not None:
         monkeypatch.setattr(pb, "CHUNK_KEYS_PER_CALL", cap)
+    # the CUDA path's logic on CPU tensors: the CPU's own path for chunks (one native call) stands aside
+    monkeypatch.setattr(pb.PagedAttentionBackend, "_native_rows", lambda *a, **kw: None)
     impl = varlen._impl()
     monkeypatch.setattr(varlen, "_impl", lambda: (_varlen_reference, impl[1]))
     monkeypatch.setattr(pb.varlen, "usable", lambda q, d: True)
-    g = torch.Generator().manual_seed(4)
-    chunks = SCHEDULES[schedule]
-    lens = [sum(c) for c in chunks]
-    cache = PagedKVCache([KVLayer(0, 2, 8)], 32, BS, compute_dtype=torch.float32)
-    tables = scattered_tables(cache, [[0] * n for n in lens], seed=5)
-    dense = AttentionBackend(ContiguousKVCache(), slots=list(range(len(lens))))
-    done, got = [0] * len(lens), []
-    for t in range(max(map(len, chunks))):
-        take = [c[t] if t < len(c) else 0 for c in chunks]
-        rows = [i for i, n in enumerate(take) if n]
-        n = sum(take)
-        q, k, v = torch.randn(n, 4, 8, generator=g), torch.randn(n, 2, 8, generator=g), torch.randn(n, 2, 8, generator=g)
-        ctx = ForwardContext(positions=torch.zeros(n, dtype=torch.long), q_lens=[take[i] for i in rows],
-                             k_lens=[done[i] + take[i] for i in rows], backend=None)
-        slots = torch.tensor([tables[i][p // BS] * BS + p % BS for i in rows for p in range(done[i], done[i] + take[i])])
-        _varlen_reference.calls = 0
-        ours = PagedAttentionBackend(cache, [tables[i] for i in rows], slots).self_attention(
-            0, q, k, v, ctx, causal=True, scale=0.3)
+    got, _varlen_reference.calls = [], 0
+    for _ in run_schedule(schedule, 2, 4, 5, causal=True, scale=0.3):
         got.append(_varlen_reference.calls)
-        dense.slots = rows
-        rel_close(ours, dense.self_attention(0, q, k, v, ctx, causal=True, scale=0.3), f"step {t}")
-        for i in rows:
-            done[i] += take[i]
+        _varlen_reference.calls = 0
+    assert got == calls
+
+
+@pytest.mark.parametrize("schedule,calls", [("chunks", [0, 1, 0, 1]), ("hits", [0, 1, 0]), ("runs", [0, 1, 1])])
+def test_cpu_decode_rows_and_chunks_take_one_native_call(monkeypatch, schedule, calls):
+    """On the CPU a step's decode rows and chunks on cached keys (each chunk token a decode row over its causal
+    limit) attend in ONE native call, whole new prompts beside them in their own calls; a pure-decode step keeps its
+    own native call (K/V write included). Every step equals the dense backend."""
+    from inferflow.native import cpu_ops
+
+    if not cpu_ops.enabled_all():
+        pytest.skip("native CPU kernels unavailable")
+    rows_calls, real = [], cpu_ops.paged_decode
+    monkeypatch.setattr(cpu_ops, "paged_decode", lambda q, k, *a, **kw: (rows_calls.append(q.shape[0]) if k is None
+                                                                          else None) or real(q, k, *a, **kw))
+    got = []
+    for _ in run_schedule(schedule, 2, 7, 8, causal=True, scale=0.3, window=5):
+        got.append(len(rows_calls))
+        rows_calls.clear()
     assert got == calls
 
 

@@ -116,6 +116,7 @@ def test_mixed_step_decode_rows_take_the_kernel(kernels, monkeypatch, window, so
     from inferflow.model.context import AttentionBackend, ContiguousKVCache
 
     monkeypatch.setattr(paged_rows, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(PagedAttentionBackend, "_native_rows", lambda *a, **kw: None)  # the CPU's own path aside
     calls = []
     real = kernels.paged_decode
     monkeypatch.setattr(kernels, "paged_decode", lambda q, *a, **kw: calls.append(q.shape[0]) or real(q, *a, **kw))

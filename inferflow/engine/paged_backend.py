@@ -127,6 +127,15 @@ class PagedAttentionBackend(DecodeRows, PagedCrossAttention, AttentionBackend):
         kv.write(key, self._on(p, "slots", sdev, lambda: self.slot_mapping), k, v)
         qc = q if q.device == cdev else q.to(cdev)
         args = (causal, scale, window, softcap, bias_fn)
+        if (not p.pure and (p.dec or p.chunks) and causal and softcap is None and bias_fn is None
+                and qc.device.type == "cpu"):
+            got = self._native_rows(key, p, qc, scale, window)  # decode rows and chunks: one native call
+            if got is not None:
+                out, tok = got
+                if tok is not None:  # whole new prompts beside them: their own calls
+                    out = torch.empty_like(qc).index_copy_(0, tok, out)
+                    self._seqs_each(key, p, qc, k, v, out, sdev, cdev, *args, chunks=False)
+                return out if out.device == q.device else out.to(q.device)
         if p.pure:
             out = self._decode(key, p, qc, sdev, cdev, *args)
         elif len(p.runs) == 1 and p.runs[0][1] - p.runs[0][0] == qc.shape[0]:  # one run is the whole batch

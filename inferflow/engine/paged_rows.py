@@ -1,7 +1,8 @@
 """Decode rows (one new token each) of the paged backend: all of a step's decode rows attend in one call.
 
 Three ways, first that applies: on the CPU a pure-decode step's K/V write and attention are one native call
-(``native/cpu_ops.py``); on CUDA the Triton paged decode kernel (``triton_attention.paged_decode``, the kernel of
+(``native/cpu_ops.py``), and so are the decode rows and the chunks on cached keys (prefix-cache hits, speculative
+verification, a long prompt's later chunks: each token a decode row over its causal limit) of any other step; on CUDA the Triton paged decode kernel (``triton_attention.paged_decode``, the kernel of
 the decode graphs) reads each row's keys in place through its block table, so a mixed step's decode rows need no
 gather; otherwise one padded gather of the rows' K/V and one SDPA call with a per-row key mask (windows, ALiBi /
 relative biases, int8 or host-resident K/V). That gather path costs ~0.21 ms per layer on an H200 for 64 rows of 1k
@@ -10,6 +11,7 @@ keys (bf16, 8 KV heads x 128): the K/V read and written once, then read again by
 from __future__ import annotations
 
 import warnings
+from array import array
 from typing import Any
 
 import torch
@@ -87,6 +89,57 @@ class DecodeRows:
             return None
         kv.release_claim()  # no kv.write follows: nothing to skip
         return cpu_ops.paged_decode(q, k, v, stores[0], stores[1], batch, scale, window)
+
+    def _native_rows(self, key: int, p: Any, q: torch.Tensor, scale: float,
+                     window: int | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """A CPU step's decode rows and chunks on cached keys as ONE native call, their K/V already written: token i
+        of a chunk of q_len tokens on k_len keys is a decode row over the first k_len - q_len + i + 1 keys (its
+        causal limit), read in place, instead of a gather, a mask and an SDPA call per chunk. -> (their outputs,
+        their token indices; None: every token of the step); None: not served (the torch paths run)."""
+        from ..native import cpu_ops
+
+        kv = self.cache
+        if (not cpu_ops.enabled_all() or kv.compute_device(key).type != "cpu" or kv.storage_device(key).type != "cpu"
+                or kv.quantized):
+            return None
+        plan = p.memo.get("native_rows", False)
+        if plan is False:
+            plan = p.memo["native_rows"] = self._native_rows_batch(p, q.shape[0])
+        if plan is None:
+            return None
+        batch, tok = plan
+        st = kv._dev[key]
+        kf, vf = st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
+        out = cpu_ops.paged_decode(q if tok is None else q.index_select(0, tok), None, None, kf, vf, batch, scale,
+                                   window)
+        return None if out is None else (out, tok)
+
+    def _native_rows_batch(self, p: Any, tokens: int):
+        """(DecodeBatch of one row per token of the decode rows and chunks, their token indices or None); None when
+        the cache's checks refuse it."""
+        from ..native.cpu_ops import DecodeBatch
+
+        ctx, bt = p.ctx, self.block_tables
+        rows = sorted([*p.dec, *(r[0] for r in p.chunks)])
+        tok, lens, which = array("q"), array("q"), array("q")
+        for i in rows:
+            ql, kl, s = ctx.q_lens[i], ctx.k_lens[i], p.starts[i]
+            tok.extend(range(s, s + ql))
+            lens.extend(range(kl - ql + 1, kl + 1))
+            which.extend([i] * ql)
+        idx = torch.frombuffer(tok, dtype=torch.long)
+        cpu = torch.device("cpu")
+        if isinstance(bt, torch.Tensor):
+            tables = bt.to(cpu).index_select(0, torch.frombuffer(which, dtype=torch.long)).to(torch.int64)
+        else:
+            tables = self.cache.table_tensor([bt[i] for i in which], lens, cpu)
+        try:
+            batch = DecodeBatch(tables, torch.frombuffer(lens, dtype=torch.long),
+                                self.slot_mapping.to(cpu).index_select(0, idx), self.cache.block_size,
+                                self.cache.num_blocks)
+        except ValueError:
+            return None
+        return batch, (None if len(tok) == tokens else idx)
 
     def _decode(self, key: int, p: Any, q: torch.Tensor, sdev: torch.device, cdev: torch.device, causal: bool,
                 scale: float, window: int | None, softcap: float | None, bias_fn: BiasFn | None) -> torch.Tensor:
