@@ -120,6 +120,8 @@ class DecodeRows:
         from ..native.cpu_ops import DecodeBatch
 
         ctx, bt = p.ctx, self.block_tables
+        if self.slot_mapping.device.type != "cpu" or (isinstance(bt, torch.Tensor) and bt.device.type != "cpu"):
+            return None  # a GPU model's CPU layers: copying these back would wait on the device
         rows = sorted([*p.dec, *(r[0] for r in p.chunks)])
         tok, lens, which = array("q"), array("q"), array("q")
         for i in rows:
@@ -130,12 +132,12 @@ class DecodeRows:
         idx = torch.frombuffer(tok, dtype=torch.long)
         cpu = torch.device("cpu")
         if isinstance(bt, torch.Tensor):
-            tables = bt.to(cpu).index_select(0, torch.frombuffer(which, dtype=torch.long)).to(torch.int64)
+            tables = bt.index_select(0, torch.frombuffer(which, dtype=torch.long)).to(torch.int64)
         else:
             tables = self.cache.table_tensor([bt[i] for i in which], lens, cpu)
         try:
             batch = DecodeBatch(tables, torch.frombuffer(lens, dtype=torch.long),
-                                self.slot_mapping.to(cpu).index_select(0, idx), self.cache.block_size,
+                                self.slot_mapping.index_select(0, idx), self.cache.block_size,
                                 self.cache.num_blocks)
         except ValueError:
             return None
