@@ -213,3 +213,29 @@ def test_logits_are_the_callers_own(tmp_path):
     keep = a.clone()
     b = nd.decode([9], [0], [[4]])
     assert torch.equal(a, keep) and not torch.equal(a, b)
+
+
+def test_short_chunks_run_as_decode_rows(tmp_path):
+    """A step of at most MAX_ROWS new tokens (speculative verification, short chunks) runs as ONE program call, each
+    token a decode row at its position: the same logits as the op-by-op forward, only the rows asked for returned."""
+    eng = _engine(_float_model(tmp_path))
+    runner = eng.runner
+    for p in PROMPTS[:3]:
+        eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    eng.step()  # prefill (49 tokens: op by op)
+    seqs = list(eng.scheduler.running)
+    assert len(seqs) == 3
+    # re-run each sequence's last tokens (same ids at the same slots: the cache keeps its values), rows 3 / 1 / 0
+    items = [(s, s.num_tokens - n, s.tokens(s.num_tokens - n, s.num_tokens), rows)
+             for s, n, rows in zip(seqs, (4, 2, 3), (3, 1, 0))]
+    calls = []
+    decode = runner.native.decode
+    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
+    ours = runner.forward(items)
+    runner.native, keep = None, runner.native
+    try:
+        ref = runner.forward(items)
+    finally:
+        runner.native = keep
+    assert calls == [9] and ours.shape == ref.shape == (4, 96)
+    assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()

@@ -82,9 +82,8 @@ class ModelRunner:
         """One packed pass over ``(sequence, first position, new token ids, rows)`` items: float32 logits of each
         item's last ``rows`` tokens, in order. The ids need not be the sequence's own (speculative drafts)."""
         nd = self.native
-        if nd is not None and len(items) <= nd.max_rows and all(len(t) == 1 and r == 1 for _, _, t, r in items):
-            return nd.decode([t[0] for _, _, t, _ in items], [s for _, s, _, _ in items],
-                             [seq.block_table for seq, *_ in items])
+        if nd is not None and sum(len(t) for _, _, t, _ in items) <= nd.max_rows:
+            return self._native_rows(nd, items)
         bs = self.cache.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -125,6 +124,26 @@ class ModelRunner:
         backend = PagedAttentionBackend(self.cache, tables, packed[2 * n:3 * n], cross=cross)
         return self.model.forward_packed(packed[:n], packed[n:2 * n], q_lens, k_lens, backend,
                                          encoder_out=enc_out, enc_lens=enc_lens, rows=packed[3 * n:])
+
+    @staticmethod
+    def _native_rows(nd: Any, items: Sequence[tuple[Any, int, Sequence[int], int]]) -> torch.Tensor:
+        """A step of at most ``nd.max_rows`` new tokens as ONE native decode step: each token a decode row at its
+        position (the step stores every row's K/V before any row attends, so a token sees the ones before it):
+        decodes, speculative verification (k + 1 tokens, every row's logits), short chunks. -> the items' rows."""
+        ids: list[int] = []
+        positions: list[int] = []
+        tables: list[Any] = []
+        keep: list[int] = []
+        for seq, s, toks, nrows in items:
+            n = len(ids)
+            ids += toks
+            positions += range(s, s + len(toks))
+            tables += [seq.block_table] * len(toks)
+            keep += range(len(ids) - nrows, len(ids)) if nrows else ()
+            if n == len(ids):
+                raise ValueError("native decode: an item without tokens")
+        logits = nd.decode(ids, positions, tables)
+        return logits if len(keep) == len(ids) else logits[keep]
 
     @torch.inference_mode()
     def embed(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -26,6 +26,8 @@ random sampling; mirostat, FSD, EOS bypassing and beam search keep the normal pa
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,7 +106,10 @@ class Speculator:
     def __init__(self, engine: Any, draft: Any):
         self.engine, self.draft = engine, draft
         self.k = engine.config.num_speculative_tokens
-        self.runner = ModelRunner(draft, engine.cache)
+        # the target's fast paths for the draft too (fused projections, prepacked CPU weights, the native decode
+        # step), but no decode graphs: the draft's passes go through ModelRunner.forward, which never replays them
+        cfg = dataclasses.replace(engine.config, cuda_graphs=False, capture_graphs_at_start=False)
+        self.runner = ModelRunner(draft, engine.cache, cfg)
 
     # ---- planning -------------------------------------------------------------------------------
     def plan(self, out: SchedulerOutput) -> SpecPlan:
