@@ -9,31 +9,25 @@ under each tree's PYTHONPATH in turns. No timing is asserted anywhere.
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
 
-import torch
-
 import inferflow
-from inferflow.default_model import default_model_path
 from inferflow.engine import Engine, EngineConfig, SamplingParams
+
+import engine_bench_args
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="default: the embedded default model")
+    ap = engine_bench_args.parser(__doc__, rounds=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hits", type=int, default=16)
     ap.add_argument("--prefix", type=int, default=496)
     ap.add_argument("--new", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    m = inferflow.load(args.model or default_model_path(), device=args.device, dtype=args.dtype)
+    m = inferflow.load(engine_bench_args.setup(args), device=args.device, dtype=args.dtype)
     eng = Engine(m, EngineConfig(max_num_seqs=max(16, args.hits), max_num_batched_tokens=max(2048, args.hits * args.new)))
     rng = random.Random(0)
     vocab = int(m.params["vocab_size"])

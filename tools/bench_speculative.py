@@ -7,15 +7,13 @@ target accepted no draft token, 1 / (k + 1) that it accepted all. No timing is a
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-import torch
-
 import inferflow
-from inferflow.default_model import default_model_path
 from inferflow.engine import Engine, EngineConfig, SamplingParams
+
+import engine_bench_args
 
 PROMPT = "The history of the Roman Empire spans many centuries. It began when"
 
@@ -38,16 +36,12 @@ def run(model_path: str, draft_layers: int, k: int, new: int, rounds: int) -> tu
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="default: the embedded default model")
+    ap = engine_bench_args.parser(__doc__, rounds=3)
     ap.add_argument("--draft-layers", default="4,8,10")
     ap.add_argument("--spec-tokens", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    path = args.model or str(default_model_path())
+    path = engine_bench_args.setup(args)
     for n in [0, *map(int, args.draft_layers.split(","))]:
         tps, per = run(path, n, args.spec_tokens, args.new_tokens, args.rounds)
         what = f"draft = first {n} layers, k = {args.spec_tokens}" if n else "no speculation"
