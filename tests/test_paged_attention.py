@@ -212,7 +212,11 @@ def test_int8_close_to_float(llama):
     assert PagedKVCache.bytes_per_block(kv_layers(m), BS, "int8") == f32 // 4 + 2 * 2 * 2 * 4 * BS  # + fp32 scales
 
 
-def test_host_layers_equal_device_run(llama):
+def test_host_layers_equal_device_run(llama, monkeypatch):
+    import inferflow.engine.paged_rows as pr
+
+    # both runs' decode rows on one path: host-resident K/V never take the GPU's Triton kernel, device K/V would
+    monkeypatch.setattr(pr, "KERNEL_DEVICES", ())
     m = llama
     keys = [x.key for x in kv_layers(m)]
     base = check_decoder_model(m)
@@ -328,6 +332,7 @@ def test_backend_matches_dense(causal, window, softcap, bias, hkv, schedule):
 def test_pure_decode_is_one_attention_call_per_layer(llama, monkeypatch, torch_ops):
     import inferflow.engine.paged_rows as pb
 
+    monkeypatch.setattr(pb, "KERNEL_DEVICES", ())  # the gather path (on CUDA the Triton kernel would take the rows)
     m = llama
     seqs = sequences(VOCAB, lengths=(5, 9, 7))
     cache = new_cache(m, seqs)

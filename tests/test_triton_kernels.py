@@ -180,6 +180,34 @@ def test_mixed_step_kernel_failure_falls_back(kernels, monkeypatch):
     assert calls == [1] and not paged_rows._kernel["ok"]
 
 
+def test_mixed_step_storage_dtype_other_than_the_queries_skips_the_kernel(kernels, monkeypatch):
+    """float16 K/V under float32 queries (``kv_cache_dtype`` below the compute dtype): the kernel's dot products take
+    one dtype, so those decode rows take the gather path, without a warning and without switching the kernel off
+    for the models whose dtypes agree (on an H200 this was a compiler error that disabled it for the process)."""
+    from inferflow.engine import paged_rows
+    from inferflow.model.context import AttentionBackend, ContiguousKVCache
+
+    monkeypatch.setattr(paged_rows, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(PagedAttentionBackend, "_native_rows", lambda *a, **kw: None)
+    monkeypatch.setitem(paged_rows._kernel, "ok", True)
+    calls = []
+    monkeypatch.setattr(kernels, "paged_decode", lambda *a, **kw: calls.append(1))
+    g = torch.Generator().manual_seed(8)
+    cache = PagedKVCache([KVLayer(0, 2, 16)], 16, 4, dtype="float16", compute_dtype=torch.float32)
+    tables = [[3, 7], [9, 1, 12], [4, 5]]
+    dense = AttentionBackend(ContiguousKVCache(), slots=[0, 1, 2])
+    for take, done in (([5, 9, 0], [0, 0, 0]), ([1, 1, 6], [5, 9, 0])):  # then two decode rows beside a new prompt
+        q, k, v = torch.randn(sum(take), 4, 16, generator=g), *(torch.randn(sum(take), 2, 16, generator=g) for _ in "kv")
+        ctx = ForwardContext(positions=torch.zeros(sum(take), dtype=torch.long), q_lens=take,
+                             k_lens=[a + b for a, b in zip(done, take)], backend=None)
+        slots = cache.slot_mapping(tables, done, take)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ours = PagedAttentionBackend(cache, tables, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.3)
+        assert (ours - dense.self_attention(0, q, k, v, ctx, causal=True, scale=0.3)).abs().max() <= 5e-3
+    assert calls == [] and paged_rows._kernel["ok"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_fused_ops_match_torch(kernels, dtype):
     g = torch.Generator().manual_seed(3)

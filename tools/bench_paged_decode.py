@@ -180,7 +180,8 @@ def main() -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     cases = {"b1 L136": (1, [136], 288), "b64 L136": (64, [136] * 64, 288), "b1 L4000": (1, [4000], 4112),
              "b64 ragged<=1000": (64, torch.randint(1, 1000, (64,)).tolist(), 1040), "b8 L136": (8, [136] * 8, 288),
-             "b1 L1024": (1, [1024], 1040), "b16 L512": (16, [512] * 16, 528)}
+             "b1 L1024": (1, [1024], 1040), "b16 L512": (16, [512] * 16, 528),
+             "b256 L640": (256, [640] * 256, 656)}
     fns = {}
     if a.old:
         fns["old"] = load_old(a.old).paged_decode
@@ -190,7 +191,7 @@ def main() -> int:
     if a.cases:
         cases = {k: v for k, v in cases.items() if k in a.cases.split(",")}
     for cname, (B, lens, ml) in cases.items():
-        case = make_case(B, lens, ml, a.layers if B < 64 else a.layers // 3, g)
+        case = make_case(B, lens, ml, a.layers if B < 64 else a.layers // (3 if B < 256 else 9), g)
         for name, fn in fns.items():
             if time.time() - t0 > a.budget:
                 print("budget spent", flush=True)

@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--q4", action="store_true")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--kv-cache-memory", type=float, default=8.0, help="GiB of KV cache (large batches x long prompts)")
     ap.add_argument("--prefill", type=int, default=0, help="profile prefill of 4 prompts of this many tokens")
     ap.add_argument("--decode-gaps", type=int, default=0,
                     help="trace this many engine decode steps at the smallest batch: GPU idle gaps over 3 us")
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(1)
     prompts = {b: torch.randint(10, shape["vocab_size"], (b, args.prompt_len), generator=g).tolist() for b in batches}
     ecfg = dict(max_num_seqs=max(batches), max_model_len=args.prompt_len + 160, max_num_batched_tokens=8192,
-                enable_prefix_caching=False, kv_cache_memory=8.0)
+                enable_prefix_caching=False, kv_cache_memory=args.kv_cache_memory)
 
     def engine_tables(m: Any, tag: str) -> Engine:
         eng = Engine(m, EngineConfig(**ecfg))

@@ -6,6 +6,7 @@ thread (background.py).
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 import time
@@ -26,7 +27,7 @@ from .model_runner import ModelRunner
 from .outputs import RequestOutput
 from .overlap import OverlapDecode
 from .postprocess import changed, close_text, delta_output, take_token
-from .profiling import StepProfiler
+from .profiling import StepLog, StepProfiler
 from .request import Request, RequestStatus, Sequence
 from .request_api import Overloaded, RequestAPI  # noqa: F401 - Overloaded: re-exported (its home was here)
 from .sampler import Sampler
@@ -57,6 +58,9 @@ class Engine(RequestAPI, BackgroundStepping):
         self.spec = Speculator(self, self.draft) if self.draft is not None else None
         self.beams = BeamSearch(self)
         self.profiler = StepProfiler.from_env()  # a trace of a few steps ($INFERFLOW_PROFILE_DIR)
+        self.step_log = StepLog.from_env()       # a line per step ($INFERFLOW_STEP_LOG)
+        if self.step_log is not None:
+            atexit.register(self.step_log.flush)
         # pure-decode steps launched before the previous one's tokens are read (overlap.py)
         self.overlap = OverlapDecode(self) if OverlapDecode.wanted(self) else None
         self._requests: dict[str, Request] = {}
@@ -87,7 +91,7 @@ class Engine(RequestAPI, BackgroundStepping):
             if ov is not None and ov.inflight is not None:  # launch the next step, then read the one in flight
                 launched = ov.advance(touched)
                 if launched is not None:
-                    self._account(t0, launched)
+                    self._account(t0, launched, launched, launched)
                     return [self._emit(r) for r in touched.values() if changed(r)]
             if self.embeddings.pending() and (not self.scheduler.has_work() or not self.embeddings.ran_last):
                 emitted += self.embeddings.run_batch()
@@ -102,7 +106,8 @@ class Engine(RequestAPI, BackgroundStepping):
             if out.scheduled:
                 if ov is None or not ov.start(out, touched):
                     self._run(out, touched)
-                self._account(t0, out.num_tokens)
+                self._account(t0, out.num_tokens, len(out.scheduled),
+                              sum(sc.num_tokens == 1 for sc in out.scheduled))
             return [self._emit(r) for r in touched.values() if changed(r)]
 
     def _drain(self) -> dict[str, Request]:
@@ -244,12 +249,14 @@ class Engine(RequestAPI, BackgroundStepping):
         req.stream.put(ro)
         return ro
 
-    def _account(self, t0: float, tokens: int) -> None:
+    def _account(self, t0: float, tokens: int, rows: int = 0, decode: int = 0) -> None:
         c = self.counters
         c.steps += 1
         c.last_step_time_seconds = time.perf_counter() - t0
         c.step_time_seconds_total += c.last_step_time_seconds
         c.last_step_tokens = tokens
+        if self.step_log is not None:
+            self.step_log.record(t0, c.last_step_time_seconds, tokens, rows, decode)
 
     # ---- conveniences ---------------------------------------------------------------------------
     def embed(self, texts: str | Seq[str] | Seq[Seq[int]]) -> torch.Tensor:

@@ -2,33 +2,103 @@
 
 Outputs go into the request's ``OutputStream`` from whichever thread runs ``Engine.step``. A handle read
 without the engine's background thread drives ``step()`` itself; with it, the handle just waits. Async
-readers get an asyncio queue fed through ``loop.call_soon_threadsafe`` (the step thread never touches the
-event loop directly).
+readers get the outputs through ``LoopDelivery``: one ``loop.call_soon_threadsafe`` per burst of outputs (the
+step thread never touches the event loop directly).
 """
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
+import weakref
+from collections import deque
 from typing import Any, AsyncIterator, Iterator
 
 from ..errors import InferflowError
 from .outputs import RequestOutput
 
 
+class LoopDelivery:
+    """Hands outputs from the step thread to the readers on one event loop, one callback per burst.
+
+    Each ``call_soon_threadsafe`` writes to the loop's self-pipe: a syscall that also hands the GIL to the loop's
+    thread. One per output meant hundreds per step at high concurrency, each a GIL round trip between the step
+    thread and the thread streaming the responses. Here the first output of a burst schedules one drain, and the
+    outputs that follow before it runs ride along. Waiting readers also wake every ``TICK`` seconds (one timer per
+    loop, not one per wait) to look whether the step thread still runs.
+    """
+
+    TICK = 0.5
+    _by_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopDelivery]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._pending: list[tuple[OutputStream, Any]] = []
+        self._lock = threading.Lock()
+        self._waiting: set[OutputStream] = set()   # loop thread only
+        self._ticking = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> "LoopDelivery":
+        d = cls._by_loop.get(loop)
+        if d is None:
+            d = cls._by_loop[loop] = cls(loop)
+        return d
+
+    def put(self, stream: "OutputStream", item: Any) -> None:
+        """Any thread: deliver ``item`` to ``stream``'s reader."""
+        with self._lock:
+            first = not self._pending
+            self._pending.append((stream, item))
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody is left to read
+                pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for stream, item in batch:
+            stream.items.append(item)
+            stream.wake()
+
+    async def wait(self, stream: "OutputStream") -> None:
+        """Loop thread: until ``stream`` has an item or the next tick."""
+        fut = stream.waiter = self.loop.create_future()
+        self._waiting.add(stream)
+        if not self._ticking:
+            self._ticking = True
+            self.loop.call_later(self.TICK, self._tick)
+        try:
+            await fut
+        finally:
+            stream.waiter = None
+            self._waiting.discard(stream)
+
+    def _tick(self) -> None:
+        for stream in list(self._waiting):
+            stream.wake()
+        self._ticking = bool(self._waiting)
+        if self._ticking:
+            self.loop.call_later(self.TICK, self._tick)
+
+
 class OutputStream:
-    """Thread-safe queue of a request's outputs; switches to an asyncio queue once read asynchronously."""
+    """Thread-safe queue of a request's outputs; delivers to an event loop (``LoopDelivery``) once read
+    asynchronously."""
 
     def __init__(self) -> None:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._aq: asyncio.Queue | None = None
+        self._delivery: LoopDelivery | None = None
+        self.items: deque = deque()                       # async reader's outputs (loop thread only)
+        self.waiter: asyncio.Future | None = None         # the async reader's wait, while it waits
 
     def put(self, item: Any) -> None:
         with self._lock:
-            if self._aq is not None:
-                self._loop.call_soon_threadsafe(self._aq.put_nowait, item)
+            if self._delivery is not None:
+                self._delivery.put(self, item)
             else:
                 self._q.put(item)
 
@@ -39,17 +109,22 @@ class OutputStream:
         except queue.Empty:
             return None
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue:
-        """From now on deliver to an asyncio queue on ``loop`` (called on the loop's thread)."""
+    def wake(self) -> None:
+        """Loop thread: end the reader's wait, if it waits."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> LoopDelivery:
+        """From now on deliver to ``items`` on ``loop`` (called on the loop's thread)."""
         with self._lock:
-            if self._aq is None:
-                self._loop, self._aq = loop, asyncio.Queue()
+            if self._delivery is None:
+                self._delivery = LoopDelivery.of(loop)
                 while True:
                     try:
-                        self._aq.put_nowait(self._q.get_nowait())
+                        self.items.append(self._q.get_nowait())
                     except queue.Empty:
                         break
-            return self._aq
+            return self._delivery
 
 
 class RequestHandle:
@@ -89,32 +164,22 @@ class RequestHandle:
             yield self._next()
 
     async def _aiter(self) -> AsyncIterator[RequestOutput]:
-        engine = self._engine
-        aq = self._request.stream.attach(asyncio.get_running_loop())
+        engine, stream = self._engine, self._request.stream
+        delivery = stream.attach(asyncio.get_running_loop())
+        items = stream.items
         while not self._done:
-            if not aq.empty():
-                yield self._got(aq.get_nowait())
+            if items:
+                yield self._got(items.popleft())
             elif engine.background:
-                # not asyncio.wait_for: before Python 3.12 it can swallow a cancellation that arrives as the item
-                # does, and a reader whose client left would then read the request to its end
-                getter = asyncio.ensure_future(aq.get())
-                try:
-                    done, _ = await asyncio.wait({getter}, timeout=0.5)
-                except BaseException:
-                    getter.cancel()
-                    raise
-                if not done:
-                    getter.cancel()  # an unfinished get leaves its item in the queue
-                    continue  # look again whether the step thread still runs
-                yield self._got(getter.result())
+                await delivery.wait(stream)  # an output, or a tick: look again whether the step thread still runs
             elif getattr(engine, "failure", None):  # the step thread died: take its last outputs, never step here
                 await asyncio.sleep(0)  # outputs it queued via call_soon_threadsafe land first
-                if aq.empty():
+                if not items:
                     raise InferflowError(f"request {self.request_id}: the engine stopped: {engine.failure}")
             else:  # no step thread: run a step off the event loop, then look again
                 worked = await asyncio.to_thread(engine.step)
                 await asyncio.sleep(0)  # outputs queued via call_soon_threadsafe land first
-                if not worked and not engine.has_unfinished() and aq.empty():
+                if not worked and not engine.has_unfinished() and not items:
                     raise InferflowError(f"request {self.request_id}: the engine has no work left for it")
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:

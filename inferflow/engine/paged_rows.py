@@ -177,11 +177,12 @@ class DecodeRows:
     def _decode_kernel(self, key: int, p: Any, q: torch.Tensor, scale: float, window: int | None,
                        softcap: float | None) -> torch.Tensor | None:
         """The decode rows through the Triton paged kernel, K/V read in place; None where it does not apply (another
-        device, int8 or host-resident K/V, Triton missing, an earlier failure of the kernel)."""
+        device, int8 or host-resident K/V, K/V stored in another dtype than the queries', Triton missing, an earlier
+        failure of the kernel)."""
         kv = self.cache
         store = kv._dev[key]
         if (not _kernel["ok"] or q.device.type not in KERNEL_DEVICES or kv.quantized or store.device != q.device
-                or not store.k.is_floating_point()):
+                or store.k.dtype != q.dtype):  # the kernel's dot products take one dtype (fp16 K/V, fp32 q: no)
             return None
         from . import triton_attention
 
@@ -199,6 +200,9 @@ class DecodeRows:
                                                  softcap=softcap, window=window)
         except Exception as e:  # noqa: BLE001 - a compiler or driver problem: the gather path from now on
             _kernel["ok"] = False
-            warnings.warn(f"paged decode kernel failed in a mixed step ({type(e).__name__}: {e}); decode rows use "
-                          f"a gather and SDPA from now on", RuntimeWarning, stacklevel=2)
+            why = f"{type(e).__name__}: {e}"
+            if e.__cause__ is not None:  # Triton's CompilationError keeps the compiler's message here
+                why += f" (from {type(e.__cause__).__name__}: {e.__cause__})"
+            warnings.warn(f"paged decode kernel failed in a mixed step ({why}); decode rows use a gather and SDPA "
+                          f"from now on", RuntimeWarning, stacklevel=2)
             return None
