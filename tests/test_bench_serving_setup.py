@@ -42,6 +42,8 @@ def test_parse_serving_options():
     from inferflow.bench.run_serving import engine_overrides
 
     assert engine_overrides(a) == {"max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.85}
+    a = parse_args(["serving", "--kv-cache-dtype", "fp8"])
+    assert engine_overrides(a) == {"kv_cache_dtype": "fp8"}  # the served engine's K/V, as offline runs take it
     for bad in (["serving", "--request-rate", "0"], ["serving", "--request-rate", "x"],
                 ["serving", "--from-json", "r.json"], ["--from-json", "r.json", "--doc", "x.md"]):
         with pytest.raises(SystemExit):

@@ -145,7 +145,7 @@ def test_overloaded(model):
 
 
 @pytest.mark.parametrize("cfg", [{"host_kv_layers": 0.5}, {"host_kv_layers": 1.0, "host_kv_compute": True},
-                                 {"kv_cache_dtype": "int8"}])
+                                 {"kv_cache_dtype": "int8"}, {"kv_cache_dtype": "fp8"}])
 def test_kv_placement_and_dtype(model, cfg):
     prompts, outs = engine_models.mix(8, seed=11)
     params = [SamplingParams(temperature=0, max_tokens=k) for k in outs]

@@ -173,6 +173,7 @@ def test_unsupported_models_keep_the_op_by_op_path(tmp_path):
     model = _float_model(tmp_path)
     assert _engine(model, native=False).runner.native is None
     assert _engine(model, kv_cache_dtype="int8").runner.native is None
+    assert _engine(model, kv_cache_dtype="fp8").runner.native is None  # float8 K/V: the torch ops (no C kernel)
     assert _engine(model).runner.native is not None
 
 

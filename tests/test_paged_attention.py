@@ -212,6 +212,20 @@ def test_int8_close_to_float(llama):
     assert PagedKVCache.bytes_per_block(kv_layers(m), BS, "int8") == f32 // 4 + 2 * 2 * 2 * 4 * BS  # + fp32 scales
 
 
+def test_fp8_close_to_float(llama):
+    """float8 e4m3 K/V (one byte per element, no scales): every path of a ragged, chunked run reads them widened to
+    the compute dtype (on CUDA the decode rows through the Triton kernel's own widening)."""
+    m = llama
+    seqs = sequences(VOCAB, lengths=LENGTHS)
+    cache = new_cache(m, seqs, dtype="fp8")
+    assert cache._dev[kv_layers(m)[0].key].k.dtype == torch.float8_e4m3fn
+    got = run(m, seqs, cache, scattered_tables(cache, seqs))
+    for i, s in enumerate(seqs):
+        rel_close(got[i], m.logits(s), f"fp8 seq {i}", rel=5e-2)
+    f32 = PagedKVCache.bytes_per_block(kv_layers(m), BS, "float32")
+    assert PagedKVCache.bytes_per_block(kv_layers(m), BS, "fp8") == f32 // 4
+
+
 def test_host_layers_equal_device_run(llama, monkeypatch):
     import inferflow.engine.paged_rows as pr
 

@@ -180,10 +180,10 @@ def test_mixed_step_kernel_failure_falls_back(kernels, monkeypatch):
     assert calls == [1] and not paged_rows._kernel["ok"]
 
 
-def test_mixed_step_storage_dtype_other_than_the_queries_skips_the_kernel(kernels, monkeypatch):
-    """float16 K/V under float32 queries (``kv_cache_dtype`` below the compute dtype): the kernel's dot products take
-    one dtype, so those decode rows take the gather path, without a warning and without switching the kernel off
-    for the models whose dtypes agree (on an H200 this was a compiler error that disabled it for the process)."""
+def test_mixed_step_kernel_widens_a_narrower_cache(kernels, monkeypatch):
+    """float16 K/V under float32 queries (``kv_cache_dtype`` below the compute dtype; an fp8 cache on a GPU takes the
+    same cast): the kernel widens each K/V tile to the queries' dtype, as a gather would. On an H200 this case was a
+    compile error (the dot products' operands differed) that switched the kernel off for the whole process."""
     from inferflow.engine import paged_rows
     from inferflow.model.context import AttentionBackend, ContiguousKVCache
 
@@ -191,7 +191,8 @@ def test_mixed_step_storage_dtype_other_than_the_queries_skips_the_kernel(kernel
     monkeypatch.setattr(PagedAttentionBackend, "_native_rows", lambda *a, **kw: None)
     monkeypatch.setitem(paged_rows._kernel, "ok", True)
     calls = []
-    monkeypatch.setattr(kernels, "paged_decode", lambda *a, **kw: calls.append(1))
+    real = kernels.paged_decode
+    monkeypatch.setattr(kernels, "paged_decode", lambda q, k, *a, **kw: calls.append((q.dtype, k.dtype)) or real(q, k, *a, **kw))
     g = torch.Generator().manual_seed(8)
     cache = PagedKVCache([KVLayer(0, 2, 16)], 16, 4, dtype="float16", compute_dtype=torch.float32)
     tables = [[3, 7], [9, 1, 12], [4, 5]]
@@ -205,7 +206,7 @@ def test_mixed_step_storage_dtype_other_than_the_queries_skips_the_kernel(kernel
             warnings.simplefilter("error")
             ours = PagedAttentionBackend(cache, tables, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.3)
         assert (ours - dense.self_attention(0, q, k, v, ctx, causal=True, scale=0.3)).abs().max() <= 5e-3
-    assert calls == [] and paged_rows._kernel["ok"]
+    assert calls == [(torch.float32, torch.float16)] and paged_rows._kernel["ok"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

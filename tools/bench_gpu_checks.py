@@ -95,4 +95,25 @@ def kernel_check(device: str, small: bool = False, dtype: torch.dtype = torch.bf
     out["fused_norm_rope_attention"] = max((fused.float() - r.float()).abs().max().item(),
                                            (kf.float() - kr.float()).abs().max().item(),
                                            (vf.float() - vr.float()).abs().max().item())
+    # the same over an fp8 cache (kv_cache_dtype="fp8"): the kernel rounds k/v to fp8 as it stores them and widens
+    # the tiles it reads; the reference stores the composed k/v rounded the same way
+    from inferflow.engine.kv_store import raw
+
+    f8 = torch.float8_e4m3fn
+    kf, vf = kc.to(f8), vc.to(f8)
+    kr, vr = kf.clone(), vf.clone()
+    fused = ta.paged_decode_norm_rope(qkv[:B], H, norms[0].weight, norms[1].weight, 1e-6, 0.0, False, cos.view(B, D),
+                                      sin.view(B, D), slots, kf, vf, tables, lens, scale=D ** -0.5,
+                                      max_len=width * bs)
+    raw(kr).view(-1, hkv, D)[slots] = raw(ko.reshape(B, hkv, D).to(f8))
+    raw(vr).view(-1, hkv, D)[slots] = raw(vv.reshape(B, hkv, D).to(f8))
+    r = ta.paged_decode_reference(qo, kr, vr, tables, lens, scale=D ** -0.5)
+    out["fused_norm_rope_attention fp8"] = max((fused.float() - r.float()).abs().max().item(),
+                                               (kf.float() - kr.float()).abs().max().item(),
+                                               (vf.float() - vr.float()).abs().max().item())
+    kf, vf = (torch.zeros(nb * bs, hkv, D, device=device, dtype=f8) for _ in range(2))
+    ok = triton_kv_write.write_kv(kf, vf, slots, k3[:B], v3[:B])
+    out["fused_kv_write fp8"] = None if not ok else max(
+        (raw(kf)[slots].view(f8).float() - k3[:B].to(f8).float()).abs().max().item(),
+        (raw(vf)[slots].view(f8).float() - v3[:B].to(f8).float()).abs().max().item())
     return out

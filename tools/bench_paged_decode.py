@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferflow.engine import triton_attention as ta  # noqa: E402
 
 H, HKV, D, BS = 32, 8, 128, 16
+FP8 = torch.float8_e4m3fn
 VARIANTS: dict[str, dict[str, Any]] = {
     "new": {},
     "n32": {"block_n": 32},
@@ -52,11 +53,12 @@ def load_old(path: str) -> Any:
     return mod
 
 
-def make_case(B: int, lens: list[int], max_len: int, layers: int, g: torch.Generator) -> dict[str, Any]:
+def make_case(B: int, lens: list[int], max_len: int, layers: int, g: torch.Generator,
+              dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     width = -(-max_len // BS)
     nb = B * width
-    caches = [(torch.randn(nb, BS, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16),
-               torch.randn(nb, BS, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16)) for _ in range(layers)]
+    caches = [tuple(torch.randn(nb, BS, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16).to(dtype)
+                    for _ in "kv") for _ in range(layers)]
     tables = torch.randperm(nb, device="cuda", generator=g).view(B, width)
     q = torch.randn(B, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
     return {"caches": caches, "tables": tables, "lens": torch.tensor(lens, device="cuda"), "q": q, "max_len": max_len}
@@ -107,8 +109,8 @@ def features() -> dict[str, float]:
     """Soft-cap, window, fp16, ragged lengths, both merge paths: max |diff| against the reference."""
     g = torch.Generator(device="cuda").manual_seed(5)
     out = {}
-    for dt in (torch.bfloat16, torch.float16):
-        kc, vc = (torch.randn(1200, BS, HKV, D, device="cuda", generator=g).to(dt) for _ in range(2))
+    for dt, cdt in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.bfloat16, FP8)):
+        kc, vc = (torch.randn(1200, BS, HKV, D, device="cuda", generator=g).to(cdt) for _ in range(2))
         for B in (1, 3, 64):
             q = torch.randn(B, H, D, device="cuda", generator=g).to(dt)
             lens = torch.randint(1, 2048, (B,), device="cuda", generator=g)
@@ -119,7 +121,7 @@ def features() -> dict[str, float]:
                 o = ta.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=2048, **kw)
                 kw = {k: v for k, v in kw.items() if k in ("softcap", "window")}
                 r = ta.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, **kw)
-                out[f"{dt} B{B} {name}"] = (o.float() - r.float()).abs().max().item()
+                out[f"{dt} {'fp8 cache ' if cdt == FP8 else ''}B{B} {name}"] = (o.float() - r.float()).abs().max().item()
     return out
 
 
@@ -181,7 +183,8 @@ def main() -> int:
     cases = {"b1 L136": (1, [136], 288), "b64 L136": (64, [136] * 64, 288), "b1 L4000": (1, [4000], 4112),
              "b64 ragged<=1000": (64, torch.randint(1, 1000, (64,)).tolist(), 1040), "b8 L136": (8, [136] * 8, 288),
              "b1 L1024": (1, [1024], 1040), "b16 L512": (16, [512] * 16, 528),
-             "b256 L640": (256, [640] * 256, 656)}
+             "b256 L640": (256, [640] * 256, 656), "b256 L640 fp8": (256, [640] * 256, 656, FP8),
+             "b64 ragged<=1000 fp8": (64, torch.randint(1, 1000, (64,)).tolist(), 1040, FP8)}
     fns = {}
     if a.old:
         fns["old"] = load_old(a.old).paged_decode
@@ -190,8 +193,8 @@ def main() -> int:
         fns[v] = (lambda kw: lambda *x, **k: ta.paged_decode(*x, **k, **kw))(kw)
     if a.cases:
         cases = {k: v for k, v in cases.items() if k in a.cases.split(",")}
-    for cname, (B, lens, ml) in cases.items():
-        case = make_case(B, lens, ml, a.layers if B < 64 else a.layers // (3 if B < 256 else 9), g)
+    for cname, (B, lens, ml, *dt) in cases.items():
+        case = make_case(B, lens, ml, a.layers if B < 64 else a.layers // (3 if B < 256 else 9), g, *dt)
         for name, fn in fns.items():
             if time.time() - t0 > a.budget:
                 print("budget spent", flush=True)

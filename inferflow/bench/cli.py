@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..engine.kv_store import STORE_DTYPES
 from ..errors import InferflowError
 
 PEERS = ("hf", "llama.cpp")
@@ -44,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--prompts-file", help="prompts, one per line (tokenized; else random token ids)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16", "int8"],
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *STORE_DTYPES],
                     help="inferflow's K/V cache (EngineConfig.kv_cache_dtype; auto: the model's dtype). llama.cpp's "
                          "is f16 (its default), HF's the model's dtype")
     ap.add_argument("--vs", action="append", choices=PEERS, default=[], help="peer(s) to run interleaved with us")

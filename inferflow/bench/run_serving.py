@@ -23,7 +23,7 @@ from .offline import random_prompts
 from .report import header, machine_line, md_table, write_json, write_section
 
 SECTION = "bench_serving"
-_ENGINE_ARGS = ("max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "kv_cache_memory")
+_ENGINE_ARGS = ("max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "kv_cache_memory", "kv_cache_dtype")
 
 
 def _prompts(args: argparse.Namespace, vocab: int | None, tokenizer: Any, seed: int, n: int) -> list[list[int]]:
@@ -45,7 +45,7 @@ def _prompts(args: argparse.Namespace, vocab: int | None, tokenizer: Any, seed: 
 
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """EngineConfig keys given on the command line, for the in-process service."""
-    out = {k: getattr(args, k) for k in _ENGINE_ARGS if getattr(args, k, None) is not None}
+    out = {k: v for k in _ENGINE_ARGS if (v := getattr(args, k, None)) is not None and v != "auto"}
     if getattr(args, "no_prefix_caching", False):
         out["enable_prefix_caching"] = False
     return out

@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import InferflowError
+from .kv_store import STORE_DTYPES
 
 
 @dataclass(slots=True)
@@ -28,7 +29,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"     # "recompute" or "swap"
     max_waiting: int = 1024                # queued requests beyond this are refused as overloaded
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"           # "auto" (model dtype), "float32", "float16", "bfloat16", "int8"
+    kv_cache_dtype: str = "auto"           # "auto" (model dtype), "float32", "float16", "bfloat16", "int8", "fp8"
     host_kv_layers: float = 0.0            # fraction (0..1) of the last layers whose KV lives in host memory
     host_kv_compute: bool = False          # attend to host-tier layers on the CPU instead of copying per step
     host_embeddings: bool = False          # token-embedding tables in host RAM (a tied head stays on the device)
@@ -52,8 +53,8 @@ class EngineConfig:
                 raise bad(key, "a positive integer")
         if self.preemption_mode not in ("recompute", "swap"):
             raise bad("preemption_mode", "'recompute' or 'swap'")
-        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16", "int8"):
-            raise bad("kv_cache_dtype", "auto, float32, float16, bfloat16 or int8")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in STORE_DTYPES:
+            raise bad("kv_cache_dtype", f"auto or one of {', '.join(STORE_DTYPES)}")
         if not 0.0 <= float(self.host_kv_layers) <= 1.0:
             raise bad("host_kv_layers", "a fraction between 0 and 1")
         if self.kv_cache_memory is not None and (isinstance(self.kv_cache_memory, bool)

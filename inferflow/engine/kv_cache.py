@@ -27,7 +27,7 @@ from ..errors import InferflowError
 from .block_pool import BlockPool, NoFreeBlocks  # noqa: F401 - NoFreeBlocks: re-exported (swap_in raises it)
 from .kv_slots import SlotIndexing
 from ..model.hugepages import Arena
-from .kv_store import KVLayer, LayerStore, quantize_int8, storage_dtype
+from .kv_store import KVLayer, LayerStore, quantize_int8, raw, storage_dtype
 from .kv_store import kv_layers  # noqa: F401 - re-exported: its home was this module
 from .kv_swap import BlockCopies
 
@@ -143,8 +143,8 @@ class PagedKVCache(SlotIndexing, BlockCopies):
                 if write_kv(kf, vf, slots, k, v):
                     return
             sd = self.store_dtype
-            kf.index_copy_(0, slots, k if k.dtype == sd else k.to(sd))
-            vf.index_copy_(0, slots, v if v.dtype == sd else v.to(sd))
+            raw(kf).index_copy_(0, slots, raw(k if k.dtype == sd else k.to(sd)))
+            raw(vf).index_copy_(0, slots, raw(v if v.dtype == sd else v.to(sd)))
 
     def gather_idx(self, key: int, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V at slot indices ``idx`` (any shape S): [*S, Hkv, D] in the compute dtype on ``compute_device``.
@@ -156,8 +156,8 @@ class PagedKVCache(SlotIndexing, BlockCopies):
             idx = idx.to(st.device)
         flat = idx.reshape(-1)
         hd = st.k.shape[2:]
-        k = st.k.view(-1, *hd).index_select(0, flat)
-        v = st.v.view(-1, *hd).index_select(0, flat)
+        k = raw(st.k).view(-1, *hd).index_select(0, flat).view(st.k.dtype)
+        v = raw(st.v).view(-1, *hd).index_select(0, flat).view(st.v.dtype)
         dev = self.compute_device(key)
         if k.device != dev:
             k, v = k.to(dev, non_blocking=True), v.to(dev, non_blocking=True)

@@ -8,6 +8,9 @@ layer against ``2 * Hkv * D * 2`` for float16. float32 scales avoid float16's su
 int8 is a capacity feature (twice the tokens of float16): PyTorch's int8 -> float conversion is slow
 on GPU, so a step over int8 blocks takes longer than over float16 ones (~0.9 vs ~0.2 ms per layer for
 64 x 1k tokens on an H200) until a fused dequantising kernel replaces the gather.
+``fp8`` stores K/V as float8 e4m3 (vLLM's ``kv_cache_dtype="fp8"`` with unit scales): one byte per element, values
+rounded to 3 mantissa bits and saturated at +-448 on write, widened to the compute dtype on read. On CUDA the paged
+decode kernel reads the fp8 tiles itself, so decode attention streams half the bytes of a 16-bit cache.
 
 ``KVLayer`` describes a decoder self-attention layer's K/V (``kv_layers`` finds them in a Model); the paged cache
 (kv_cache.py) keeps one ``LayerStore`` per layer and tier.
@@ -24,7 +27,8 @@ from ..errors import InferflowError
 if TYPE_CHECKING:
     from ..model.hugepages import Arena
 
-STORE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
+STORE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8,
+                "fp8": torch.float8_e4m3fn}
 
 
 def storage_dtype(dtype: str) -> torch.dtype:
@@ -85,6 +89,12 @@ class LayerStore:
     @property
     def device(self) -> torch.device:
         return self.k.device
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or for float8 its bytes (the same storage viewed as uint8): torch's CPU index_copy_ and
+    index_select have no float8 kernels, and K/V copies need no arithmetic."""
+    return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

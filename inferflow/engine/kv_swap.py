@@ -10,7 +10,7 @@ import torch
 
 from ..errors import InferflowError
 from .block_pool import BlockPool, NoFreeBlocks
-from .kv_store import LayerStore
+from .kv_store import LayerStore, raw
 
 
 class BlockCopies:
@@ -25,7 +25,7 @@ class BlockCopies:
         di = torch.tensor(list(dst_ids), dtype=torch.long, device=dst.device)
         si = torch.tensor(list(src_ids), dtype=torch.long, device=src.device)
         for d, s in zip(dst.tensors(), src.tensors()):
-            d.index_copy_(0, di, s.index_select(0, si).to(d.device))  # blocking: a swap is read right after
+            raw(d).index_copy_(0, di, raw(s).index_select(0, si).to(d.device))  # blocking: a swap is read right after
 
     def copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Device-tier block copies src[i] -> dst[i] in every layer (copy-on-write for forks / beams)."""

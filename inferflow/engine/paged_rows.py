@@ -177,12 +177,11 @@ class DecodeRows:
     def _decode_kernel(self, key: int, p: Any, q: torch.Tensor, scale: float, window: int | None,
                        softcap: float | None) -> torch.Tensor | None:
         """The decode rows through the Triton paged kernel, K/V read in place; None where it does not apply (another
-        device, int8 or host-resident K/V, K/V stored in another dtype than the queries', Triton missing, an earlier
-        failure of the kernel)."""
+        device, int8 or host-resident K/V, Triton missing, an earlier failure of the kernel)."""
         kv = self.cache
         store = kv._dev[key]
         if (not _kernel["ok"] or q.device.type not in KERNEL_DEVICES or kv.quantized or store.device != q.device
-                or store.k.dtype != q.dtype):  # the kernel's dot products take one dtype (fp16 K/V, fp32 q: no)
+                or not store.k.is_floating_point()):  # other dtypes' tiles widen to q's in the kernel
             return None
         from . import triton_attention
 

@@ -26,7 +26,7 @@ _IGNORED = {"worker_count", "is_study_mode", "cpu_layer_count", "encoder_cpu_lay
             "inference_engine_config", "query_list", "query_random_seed", "temperature", "long_context_test",
             "max_output_len", "decoding_alg"}
 _WEIGHT_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
-_KV_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "q8": "int8"}
+_KV_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "q8": "int8", "fp8": "fp8"}
 _MAIN_KEYS = {"http_port": "port", "port": "port", "host": "host", "max_body_bytes": "max_body_bytes",
               "max_concurrent_requests": "max_concurrent_requests", "retry_after": "retry_after",
               "log_level": "log_level"}
