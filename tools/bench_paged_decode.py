@@ -6,6 +6,10 @@ and GPU time per call, launches per call included, for launch variants (and a pr
 Qwen3-8B attention shape (32 q heads, 8 KV heads, head 128, bf16, block size 16). Each case captures one CUDA graph of
 ``--layers`` calls, each on its own K/V cache and each after a 64 MB write that evicts L2 (as a layer's weight reads
 do), and times the decode kernels of a few replays under torch.profiler (kernel time only, flushes excluded).
+
+Variants of a case run one after another, and on an H200 the second place measured ~11% slower than the first on
+the same kernel and config (170.8 against 189.3 us, docs/benchmarks.md): compare variants in the same place, or
+run the tool again with the order swapped.
 """
 from __future__ import annotations
 

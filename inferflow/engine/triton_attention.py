@@ -155,14 +155,18 @@ if triton is not None:
                                     rstd, tl.load(WQ + offs_d).to(tl.float32)[None, :],
                                     tl.load(WQ + part_d).to(tl.float32)[None, :], c[None, :], c[None, :],
                                     sn[None, :], sn[None, :], offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
-            if K.dtype.element_ty.is_fp8():  # q stays in the activations' dtype; the K/V tiles widen to it
-                q = q.to(dt)
+            if K.dtype.element_ty.is_fp8():  # an fp8 cache: fp16 dot products (below)
+                q = q.to(tl.float16)
             else:
                 q = q.to(K.dtype.element_ty)
         else:
             slot = _slots(row, start + tl.arange(0, BLOCK_N), end, BS)
             q = tl.load(Q + b * sq_b + heads[:, None] * sq_h + offs_d[None, :],
                         mask=gmask[:, None] & dmask[None, :], other=0.0)
+            if K.dtype.element_ty.is_fp8():
+                # an fp8 cache: the dot products in fp16, which holds every e4m3 value exactly and bf16 q exactly
+                # within its normal range; one instruction widens a pair of fp8 values to fp16, not so to bf16
+                q = q.to(tl.float16)
         m_i, l_i, acc = _walk(q, K, V, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d,
                               dmask, BLOCK_G, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC)
         if FUSED:
@@ -283,7 +287,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     ``ticket=False`` merges multi-split sequences in a second kernel instead of in the last program. ``block_n``
     None: 64-key tiles while the (sequence, KV head) programs are fewer than the SMs (latency-bound: fewer, larger
     tiles), 32 once they fill the GPU (bandwidth-bound: smaller tiles let more programs share an SM; 128 over an
-    fp8 cache). K/V tiles are widened to q's dtype as they are read (an fp8 cache, fp16 under float32 q)."""
+    fp8 cache). Narrower K/V tiles widen as they are read: fp8 ones to fp16, in which the dot products then run
+    (q too), others to q's dtype (an fp16 cache under float32 queries)."""
     q = q.contiguous()
     return _launch(q, q.shape[1], None, k_cache, v_cache, tables, lens, scale=scale, max_len=max_len,
                    softcap=softcap, window=window, block_n=block_n, min_part=min_part, max_splits=max_splits,
