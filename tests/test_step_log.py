@@ -1,0 +1,35 @@
+"""``INFERFLOW_STEP_LOG``: one JSON line per engine step (profiling.StepLog), and tools/step_log_summary.py, which
+splits a log into runs at idle gaps and sums each run's steps by kind."""
+import json
+import sys
+import time
+from pathlib import Path
+
+import engine_models
+from inferflow.engine import Engine, EngineConfig, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import step_log_summary  # noqa: E402
+
+
+def test_every_step_is_logged_and_summarized(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("INFERFLOW_STEP_LOG", str(log))
+    eng = Engine(engine_models.llama(tmp_path / "m"), EngineConfig(block_size=4, num_blocks=64,
+                                                                   max_num_batched_tokens=16, max_num_seqs=4))
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    eng.generate([[1, 2, 3, 4, 5, 6], list(range(1, 21))], params)  # 20 tokens: chunks of a 16-token budget
+    eng.step_log.flush()
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(steps) == eng.counters.steps
+    assert sum(s["tokens"] for s in steps) == 6 + 20 + 2 * 4  # prompts, then one token per later decode
+    assert all(s["ms"] > 0 and 0 <= s["decode"] <= s["rows"] for s in steps)
+    kinds = {step_log_summary.kind(s) for s in steps}
+    assert {"prefill", "decode"} <= kinds
+    # a second run after an idle gap is reported on its own
+    time.sleep(0.3)
+    eng.generate([[7, 8, 9]], params)
+    eng.step_log.flush()
+    step_log_summary.main([str(log), "--gap", "0.2"])
+    out = capsys.readouterr().out
+    assert "## run 1 of 2" in out and "## run 2 of 2" in out and "decode, <= 2 rows" in out
