@@ -8,8 +8,8 @@ Qwen3-8B attention shape (32 q heads, 8 KV heads, head 128, bf16, block size 16)
 do), and times the decode kernels of a few replays under torch.profiler (kernel time only, flushes excluded).
 
 Variants of a case run one after another, and on an H200 the second place measured ~11% slower than the first on
-the same kernel and config (170.8 against 189.3 us, docs/benchmarks.md): compare variants in the same place, or
-run the tool again with the order swapped.
+the same kernel and config (170.8 against 189.3 us, docs/benchmarks.md). So each case runs ``--rounds`` rounds
+(default 2), the order rotated by one place per round, and the JSON keeps every round's time and their median.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "warps2": {"num_warps": 2},
     "st1": {"num_stages": 1},
 }
+
+
+def rotations(names: list[str], rounds: int) -> list[list[str]]:
+    """The variants' order per round: each round starts one place further on, so every variant runs in every place
+    as often as the rounds allow (a later place measured slower on the same kernel)."""
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
 
 
 def load_old(path: str) -> Any:
@@ -173,6 +180,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--cases", default="", help="comma-separated case names to run (default: all)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per case, the variants' order rotated each round; "
+                    "the JSON's us is the median over rounds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     t0 = time.time()
@@ -199,16 +208,26 @@ def main() -> int:
         cases = {k: v for k, v in cases.items() if k in a.cases.split(",")}
     for cname, (B, lens, ml, *dt) in cases.items():
         case = make_case(B, lens, ml, a.layers if B < 64 else a.layers // (3 if B < 256 else 9), g, *dt)
-        for name, fn in fns.items():
+        for r, order in enumerate(rotations(list(fns), a.rounds)):
             if time.time() - t0 > a.budget:
                 print("budget spent", flush=True)
                 break
-            try:
-                err, us, n = time_variant(fn, case)
-                res[f"{cname} | {name}"] = {"err": err, "us": us, "launches": n}
-                print(f"{cname:18s} | {name:16s} | {us:7.2f} us | {n:.0f} launches | err {err:.2e}", flush=True)
-            except Exception as e:  # noqa: BLE001
-                print(f"{cname} | {name} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+            for pos, name in enumerate(order):
+                try:
+                    err, us, n = time_variant(fns[name], case)
+                    row = res.setdefault(f"{cname} | {name}", {"err": 0.0, "us_by_round": [], "launches": n})
+                    row["err"] = max(row["err"], err)
+                    row["us_by_round"].append(us)
+                    row["us"] = statistics.median(row["us_by_round"])
+                    print(f"{cname:18s} | {name:16s} | {us:7.2f} us | round {r + 1}, place {pos + 1} | {n:.0f} "
+                          f"launches | err {err:.2e}", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{cname} | {name} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+        for name in fns:
+            row = res.get(f"{cname} | {name}")
+            if row is not None and len(row["us_by_round"]) > 1:
+                print(f"{cname:18s} | {name:16s} | {row['us']:7.2f} us median of {len(row['us_by_round'])} rounds",
+                      flush=True)
         del case
         torch.cuda.empty_cache()
     Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""``INFERFLOW_STEP_LOG``: one JSON line per engine step (profiling.StepLog), and tools/step_log_summary.py, which
-splits a log into runs at idle gaps and sums each run's steps by kind."""
+"""Measurement tools on the CPU: ``INFERFLOW_STEP_LOG`` (one JSON line per engine step, profiling.StepLog),
+tools/step_log_summary.py (a log split into runs at idle gaps, each run's steps summed by kind), and the variant
+order of tools/bench_paged_decode.py."""
 import json
 import sys
 import time
@@ -33,3 +34,13 @@ def test_every_step_is_logged_and_summarized(tmp_path, monkeypatch, capsys):
     step_log_summary.main([str(log), "--gap", "0.2"])
     out = capsys.readouterr().out
     assert "## run 1 of 2" in out and "## run 2 of 2" in out and "decode, <= 2 rows" in out
+
+
+def test_paged_decode_bench_rotates_the_variants_order():
+    """tools/bench_paged_decode.py: a later place measured ~11% slower on the same kernel (H200), so each round starts
+    one place further on."""
+    import bench_paged_decode
+
+    assert bench_paged_decode.rotations(["a", "b", "c"], 3) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert bench_paged_decode.rotations(["old", "new"], 2) == [["old", "new"], ["new", "old"]]
+    assert bench_paged_decode.rotations([], 2) == []
