@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from inferflow.engine.kv_cache import KVLayer, PagedKVCache
+from inferflow.engine.kv_store import raw
 from inferflow.engine.paged_backend import PagedAttentionBackend
 from inferflow.model.context import ForwardContext
 from inferflow.native import cpu_ops
@@ -95,7 +96,8 @@ def _cache(lens, hkv, d, dtype, seed=0, store=None):
     room for one more token: the decode step's); ``store``: the cache's dtype when not ``dtype``."""
     bs = 4
     cache = PagedKVCache([KVLayer(0, hkv, d)], sum(math.ceil((n + 1) / bs) for n in lens) + 3, bs,
-                         dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[store or dtype],
+                         dtype={torch.float32: "float32", torch.bfloat16: "bfloat16",
+                                torch.float8_e4m3fn: "fp8"}[store or dtype],
                          compute_dtype=dtype)
     blocks = cache.pool.allocate(cache.pool.num_free)
     perm = [blocks[i] for i in torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed)).tolist()]
@@ -149,18 +151,24 @@ def test_paged_decode_matches_torch(dtype, h, hkv, d, native):
     assert torch.equal(torch.stack(alone), got)  # a sequence's result does not depend on its batch
 
 
-@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 2, 16)])
-def test_paged_decode_bfloat16_cache_under_float32(h, hkv, d, native):
-    """kv_cache_dtype bfloat16 for a float32 model: the kernel rounds the new K/V as the torch write does and reads
-    the bfloat16 rows exactly."""
+@pytest.mark.parametrize("dtype,store", [(torch.float32, torch.bfloat16), (torch.float32, torch.float8_e4m3fn),
+                                         (torch.bfloat16, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 2, 16), (8, 2, 128)])
+def test_paged_decode_narrower_cache(dtype, store, h, hkv, d, native):
+    """kv_cache_dtype bfloat16 for a float32 model, or fp8 (float8 e4m3) for either: the kernel rounds the new K/V as
+    the torch write does (fp8: to nearest even, saturating at 448, subnormals below 2^-6) and reads the rows
+    exactly."""
     lens = [9, 14, 3, 40]
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(len(lens), n, d, generator=g) for n in (h, hkv, hkv))
+    k[0, 0, :8] = torch.tensor([500.0, -1e4, 3e-3, -1e-3, 0.0, 0.01953125, 448.0, 0.0146484375])  # ties, saturation
+    v[1, 0, :4] = torch.tensor([-480.0, 2e-4, 464.0, 0.00341796875])
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     native(False)
-    ref_cache, tables = _cache(lens, hkv, d, torch.float32, store=torch.bfloat16)
+    ref_cache, tables = _cache(lens, hkv, d, dtype, store=store)
     ref = _decode(ref_cache, tables, lens, q, k, v)
     native(True)
-    cache, tables = _cache(lens, hkv, d, torch.float32, store=torch.bfloat16)
+    cache, tables = _cache(lens, hkv, d, dtype, store=store)
     called = []
     orig = cpu_ops.paged_decode
     try:
@@ -169,10 +177,10 @@ def test_paged_decode_bfloat16_cache_under_float32(h, hkv, d, native):
     finally:
         cpu_ops.paged_decode = orig
     assert called and called[0] is not None, "the native kernel did not serve"
-    assert cache._dev[0].k.dtype == torch.bfloat16 and got.dtype == torch.float32
-    for store in ("k", "v"):
-        assert torch.equal(getattr(cache._dev[0], store), getattr(ref_cache._dev[0], store))
-    _close(got, ref, torch.float32)
+    assert cache._dev[0].k.dtype == store and got.dtype == dtype
+    for which in ("k", "v"):  # the same bytes as torch's cast
+        assert torch.equal(raw(getattr(cache._dev[0], which)), raw(getattr(ref_cache._dev[0], which)))
+    _close(got, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

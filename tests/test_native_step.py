@@ -100,10 +100,11 @@ def test_gguf_blocks_same_logits_as_op_by_op(tmp_path, monkeypatch, qtype, q8x):
     _both_ways(eng, PROMPTS, 6)
 
 
-def test_bfloat16_cache_under_float32_model(tmp_path):
-    """kv_cache_dtype bfloat16 with float32 activations (llama.cpp's f16-cache setting, in bf16) stays in the
-    program, same bits as op by op."""
-    eng = _engine(_gguf_model(tmp_path, gguf.GGMLQuantizationType.Q4_0), kv_cache_dtype="bfloat16")
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8"])
+def test_narrower_cache_under_float32_model(tmp_path, kv):
+    """kv_cache_dtype bfloat16 (llama.cpp's f16-cache setting, in bf16) or fp8 (float8 e4m3, like a q8_0 cache) with
+    float32 activations stays in the program, same bits as op by op."""
+    eng = _engine(_gguf_model(tmp_path, gguf.GGMLQuantizationType.Q4_0), kv_cache_dtype=kv)
     assert eng.runner.native is not None
     _both_ways(eng, PROMPTS, 5)
 
@@ -173,7 +174,6 @@ def test_unsupported_models_keep_the_op_by_op_path(tmp_path):
     model = _float_model(tmp_path)
     assert _engine(model, native=False).runner.native is None
     assert _engine(model, kv_cache_dtype="int8").runner.native is None
-    assert _engine(model, kv_cache_dtype="fp8").runner.native is None  # float8 K/V: the torch ops (no C kernel)
     assert _engine(model).runner.native is not None
 
 

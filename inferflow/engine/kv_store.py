@@ -9,8 +9,9 @@ int8 is a capacity feature (twice the tokens of float16): PyTorch's int8 -> floa
 on GPU, so a step over int8 blocks takes longer than over float16 ones (~0.9 vs ~0.2 ms per layer for
 64 x 1k tokens on an H200) until a fused dequantising kernel replaces the gather.
 ``fp8`` stores K/V as float8 e4m3 (vLLM's ``kv_cache_dtype="fp8"`` with unit scales): one byte per element, values
-rounded to 3 mantissa bits and saturated at +-448 on write, widened to the compute dtype on read. On CUDA the paged
-decode kernel reads the fp8 tiles itself, so decode attention streams half the bytes of a 16-bit cache.
+rounded to 3 mantissa bits and saturated at +-448 on write, widened to the compute dtype on read. The paged decode
+kernels read it in place (CUDA: triton_attention.py; CPU: native/paged_attention.h), so decode attention streams half
+the bytes of a 16-bit cache (a quarter of float32's).
 
 ``KVLayer`` describes a decoder self-attention layer's K/V (``kv_layers`` finds them in a Model); the paged cache
 (kv_cache.py) keeps one ``LayerStore`` per layer and tier.

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .context import AttentionBackend, ForwardContext
-from .native_lowering import ATT_CHUNKS, DT, MAX_ROWS, Unsupported, Val, label, name_of
+from .native_lowering import ATT_CHUNKS, CACHE_DT, DT, MAX_ROWS, Unsupported, Val, label, name_of
 
 
 class AttentionLowering:
@@ -23,8 +23,8 @@ class AttentionLowering:
             raise Unsupported(f"{tag}: q/k norms other than per-head RMSNorm")
         st = self.cache._dev.get(m.cache_key)
         if st is None or st.k.device.type != "cpu" or not (
-                st.k.dtype == self.dtype or (st.k.dtype == torch.bfloat16 and self.dt == 0)):
-            raise Unsupported(f"{tag}: no plain CPU K/V layer (the model's dtype, or bfloat16 under float32)")
+                st.k.dtype in (self.dtype, torch.float8_e4m3fn) or (st.k.dtype == torch.bfloat16 and self.dt == 0)):
+            raise Unsupported(f"{tag}: no plain CPU K/V layer (the model's dtype, bfloat16 under float32, or float8)")
         h, hkv, d = m.h, m.hkv, m.d
         qd, kvd = m.qd, m.kvd
         rope = self.stack.position if m.use_position else None
@@ -52,7 +52,7 @@ class AttentionLowering:
         self._keep.append(part)
         args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,
                     part=part, sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d,
-                    bs=self.cache.block_size, dt=self.dt, cdt=DT[st.k.dtype], win=m.window or 0, scale=m.scale)
+                    bs=self.cache.block_size, dt=self.dt, cdt=CACHE_DT[st.k.dtype], win=m.window or 0, scale=m.scale)
         self.prog.add("kv_write", label(tag), **args)
         self.prog.add("attention", label(tag), **args)
         self.prog.add("attn_merge", label(tag), **args)

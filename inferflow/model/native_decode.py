@@ -51,8 +51,10 @@ class NativeDecoder(AttentionLowering):
         if (g is not None and g.world > 1) or type(net.decoder) is not Stack:
             raise Unsupported("a model split over processes (pipeline or tensor parallel)")
         if cache.quantized or cache.device.type != "cpu" or cache.host_layers or not (
-                cache.store_dtype == self.dtype or (cache.store_dtype == torch.bfloat16 and self.dt == 0)):
-            raise Unsupported("K/V cache not plain CPU storage in the model's dtype (or bfloat16 under float32)")
+                cache.store_dtype in (self.dtype, torch.float8_e4m3fn)
+                or (cache.store_dtype == torch.bfloat16 and self.dt == 0)):
+            raise Unsupported("K/V cache not plain CPU storage in the model's dtype (or bfloat16 under float32, or "
+                              "float8 e4m3)")
         self.stack = net.decoder
         self.prog = step.Program()
         self._bufs: dict[tuple, torch.Tensor] = {}

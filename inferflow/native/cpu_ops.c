@@ -2,7 +2,7 @@
  *
  * At batch 1 a layer's RMSNorms, residual adds, RoPE, K/V cache write, paged attention and SiLU*mul are ~40 tiny
  * torch ops of a few microseconds each; here each is one call. Element types: 0 = float32, 1 = bfloat16 (math in
- * float32, rounded to bfloat16 where the torch composition rounds). Every output element is computed by one thread
+ * float32, rounded to bfloat16 where the torch composition rounds), 2 = float8 e4m3 (K/V caches only). Every output element is computed by one thread
  * in a fixed order, so results do not depend on the batch size, the other rows or the thread count (a sequence
  * decodes to the same tokens alone or in a batch). Plain C the compiler vectorises, plus AVX-512 intrinsics for
  * attention's dot product (same sums in the same order as its portable version).
@@ -26,9 +26,18 @@ static void round_row(float *a, int64_t n) {  /* to bfloat16 and back, in place 
     for (int64_t i = 0; i < n; i++) a[i] = bf16_to_f32(f32_to_bf16(a[i]));
 }
 
+/* float8 e4m3 -> float32 for all 256 codes (the vector loads gather from it) */
+static float e4m3_lut[256];
+__attribute__((constructor)) static void e4m3_lut_init(void) {
+    for (int i = 0; i < 256; i++) e4m3_lut[i] = e4m3_to_f32((uint8_t)i);
+}
+
 static void load_row(int dt, const void *src, float *dst, int64_t n) {
     if (dt == 0) {
         memcpy(dst, src, (size_t)n * 4);
+    } else if (dt == 2) {
+        const uint8_t *s = (const uint8_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = e4m3_lut[s[i]];
     } else {
         const uint16_t *s = (const uint16_t *)src;
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
@@ -38,13 +47,16 @@ static void load_row(int dt, const void *src, float *dst, int64_t n) {
 static void store_row(int dt, const float *src, void *dst, int64_t n) {
     if (dt == 0) {
         memcpy(dst, src, (size_t)n * 4);
+    } else if (dt == 2) {
+        uint8_t *d = (uint8_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = f32_to_e4m3(src[i]);
     } else {
         uint16_t *d = (uint16_t *)dst;
         for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
     }
 }
 
-static inline size_t esize(int dt) { return dt ? 2 : 4; }
+static inline size_t esize(int dt) { return dt == 2 ? 1 : dt ? 2 : 4; }
 
 /* sum of a[i] * b[i] in a fixed order: 16 lane partial sums, then the lanes as a halving tree (a few shuffles,
  * not 15 dependent adds: this runs once per key and head in attention) */

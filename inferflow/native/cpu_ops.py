@@ -22,6 +22,7 @@ from . import load, threads
 
 ENV = "INFERFLOW_NATIVE_OPS"
 _DT = {torch.float32: 0, torch.bfloat16: 1}
+_CDT = {**_DT, torch.float8_e4m3fn: 2}  # K/V caches: also float8 e4m3 (widened as read, rounded as torch's cast)
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _state: dict[str, object] = {}
 
@@ -202,12 +203,13 @@ class DecodeBatch:
 def paged_decode(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kc: torch.Tensor,
                  vc: torch.Tensor, batch: DecodeBatch, scale: float, window: int | None = None) -> torch.Tensor | None:
     """Decode attention of q [B, H, D] (heads contiguous) over the flat paged caches kc/vc [S, Hkv, D]
-    (S = num_blocks * block_size, contiguous; q's dtype, or bfloat16 under float32 q), storing the new k/v [B, Hkv, D] (heads contiguous) at the batch's
+    (S = num_blocks * block_size, contiguous; q's dtype, bfloat16 under float32 q, or float8 e4m3), storing the new k/v [B, Hkv, D] (heads contiguous) at the batch's
     slots first (k None: already stored); ``window``: each query sees only its last ``window`` keys (itself
     included). Returns [B, H, D]; None: not served."""
-    dt, cdt = _DT.get(q.dtype), _DT.get(kc.dtype)
-    # the cache in q's dtype, or bfloat16 under float32 queries (new K/V rounded as torch's .to(bfloat16))
-    if dt is None or cdt is None or (cdt != dt and dt != 0) or vc.dtype != kc.dtype or not enabled_all():
+    dt, cdt = _DT.get(q.dtype), _CDT.get(kc.dtype)
+    # the cache in q's dtype, bfloat16 under float32 queries, or float8 (new K/V rounded as torch's .to())
+    if (dt is None or cdt is None or (cdt != dt and dt != 0 and cdt != 2) or vc.dtype != kc.dtype
+            or not enabled_all() or q.shape[-1] > 4096):
         return None
     shape, qs, ks = q.shape, q.stride(), kc.shape
     if len(shape) != 3 or len(ks) != 3:

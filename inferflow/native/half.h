@@ -60,4 +60,44 @@ static inline uint16_t f32_to_f16(float f) {
 #endif
 }
 
+/* float8 e4m3fn (torch.float8_e4m3fn, an fp8 K/V cache): sign, 4 exponent bits (bias 7), 3 mantissa bits, no
+   infinities, 0x7f / 0xff NaN, largest 448 */
+static inline float e4m3_to_f32(uint8_t b) {
+    const uint32_t s = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
+    uint32_t u;
+    float f;
+    if ((b & 0x7f) == 0x7f) {
+        u = s | 0x7fc00000u;
+    } else if (e) {
+        u = s | ((e + 120) << 23) | (m << 20);
+    } else { /* subnormal: m 2^-9 */
+        f = (float)m * (1.0f / 512.0f);
+        return s ? -f : f;
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint8_t f32_to_e4m3(float f) { /* round to nearest even, saturating at +-448 as torch's cast */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint8_t s = (uint8_t)((u >> 24) & 0x80);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return s | 0x7f;
+    if (a >= 0x43e00000u) return s | 0x7e; /* >= 448 (infinity included) */
+    if (a < 0x3c800000u) {                 /* below 2^-6: steps of 2^-9 */
+        float x;
+        memcpy(&x, &a, 4);
+        x *= 512.0f; /* exact: a power of two */
+        const int fl = (int)x;
+        const float fr = x - (float)fl;
+        return s | (uint8_t)(fl + (fr > 0.5f || (fr == 0.5f && (fl & 1)))); /* 8: the smallest normal, 0x08 */
+    }
+    uint32_t e = (a >> 23) - 120, m = (a >> 20) & 7u;
+    const uint32_t rem = a & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (m & 1u)))
+        if (++m == 8) { m = 0; e++; }
+    if (e > 15 || (e == 15 && m == 7)) return s | 0x7e;
+    return s | (uint8_t)((e << 3) | m);
+}
+
 #endif

@@ -22,9 +22,16 @@ static inline __attribute__((always_inline)) __m512 hsum16(const __m512 *v) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
-/* 16 elements of a float32 (dt 0) or bfloat16 (dt 1) cache row at element index i, as float32 (exact) */
+/* 16 elements of a float32 (dt 0), bfloat16 (dt 1) or float8 e4m3 (dt 2) cache row at element index i, as float32
+   (exact) */
 static inline __attribute__((always_inline)) __m512 load16(const void *c, int64_t i, const int dt) {
     if (!dt) return _mm512_loadu_ps((const float *)c + i);
+    if (dt == 2) {  /* e4m3 moved into half-precision fields (exponent bias 15 for 7, subnormals included) x 2^8 */
+        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)c + i)));
+        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
+                                          _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    }
     const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)c + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -35,16 +42,16 @@ static inline __attribute__((always_inline)) __m512 load16(const void *c, int64_
 static inline __attribute__((always_inline)) void prefetch_row(const void *c, const int64_t *at, int64_t L,
                                                               const int DC, const int dt, int64_t k) {
     if (k >= L) return;
-    const char *r = (const char *)c + at[k] * (dt ? 2 : 4);
-    for (int o = 0; o < (dt ? 32 : 64) * DC; o += 64) _mm_prefetch(r + o, _MM_HINT_T0);
+    const char *r = (const char *)c + at[k] * (int64_t)esize(dt);
+    for (int o = 0; o < 16 * DC * (int)esize(dt); o += 64) _mm_prefetch(r + o, _MM_HINT_T0);
 }
 /* the same into L2: a V row while its K row is read (the V pass after the softmax then finds the chunk in L2, and
    memory stays busy during the K pass's arithmetic) */
 static inline __attribute__((always_inline)) void prefetch_row_l2(const void *c, const int64_t *at, int64_t L,
                                                                  const int DC, const int dt, int64_t k) {
     if (k >= L) return;
-    const char *r = (const char *)c + at[k] * (dt ? 2 : 4);
-    for (int o = 0; o < (dt ? 32 : 64) * DC; o += 64) _mm_prefetch(r + o, _MM_HINT_T1);
+    const char *r = (const char *)c + at[k] * (int64_t)esize(dt);
+    for (int o = 0; o < 16 * DC * (int)esize(dt); o += 64) _mm_prefetch(r + o, _MM_HINT_T1);
 }
 
 /* s[g * ss + t] = scale * (q_g . K[t]) for keys t < L and the R query heads g of one kv head (q_g at q + g * 16 DC),
@@ -102,13 +109,16 @@ static inline __attribute__((always_inline)) void pv_group(const int DC, const i
         for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + g * sa + 16 * c, a[g][c]);
 }
 
-/* The register paths' instances: D 64 / 128 (DC 4 / 8), float32 / bfloat16 cache, 1-4 heads per kv head at once */
+/* The register paths' instances: D 64 / 128 (DC 4 / 8), float32 / bfloat16 / float8 cache, 1-4 heads per kv head
+   at once */
 #define ATT_R(F, DC, DT, R, ...) \
     (R == 1 ? F(DC, DT, 1, __VA_ARGS__) : R == 2 ? F(DC, DT, 2, __VA_ARGS__) : R == 3 ? F(DC, DT, 3, __VA_ARGS__) \
             : F(DC, DT, 4, __VA_ARGS__))
-#define ATT_CALL(F, D, DT, R, ...)                                                                          \
-    ((D) == 64 ? ((DT) ? ATT_R(F, 4, 1, R, __VA_ARGS__) : ATT_R(F, 4, 0, R, __VA_ARGS__))                  \
-               : ((DT) ? ATT_R(F, 8, 1, R, __VA_ARGS__) : ATT_R(F, 8, 0, R, __VA_ARGS__)))
+#define ATT_DT(F, DC, DT, R, ...)                                                                          \
+    ((DT) == 2 ? ATT_R(F, DC, 2, R, __VA_ARGS__) : (DT) ? ATT_R(F, DC, 1, R, __VA_ARGS__)                   \
+               : ATT_R(F, DC, 0, R, __VA_ARGS__))
+#define ATT_CALL(F, D, DT, R, ...) \
+    ((D) == 64 ? ATT_DT(F, 4, DT, R, __VA_ARGS__) : ATT_DT(F, 8, DT, R, __VA_ARGS__))
 #endif
 
 /* Work units: each sequence's keys (the last win of them with a sliding window) are cut into at most ATT_CHUNKS
@@ -151,7 +161,7 @@ static float softmax_part(float *restrict s, int64_t n, float *l) {
 }
 
 /* Task (b, c, kh): query heads kh * rep .. (kh + 1) * rep - 1 (rep = H / Hkv) of sequence b (queries at
- * q + b * sq, dtype dt) over chunk c of its keys (caches of dtype cdt: float32 or bfloat16); key t at slot tables[b * tstride + t / bs] * bs + t % bs of the flat caches
+ * q + b * sq, dtype dt) over chunk c of its keys (caches of dtype cdt: float32, bfloat16 or float8 e4m3); key t at slot tables[b * tstride + t / bs] * bs + t % bs of the flat caches
  * kc/vc [S, Hkv, D]; scores in float32, sums in key order. Returns -1 when out of memory. */
 static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc, const void *vc, const int64_t *tables,
                       int64_t tstride, const int64_t *lens, int64_t b, int64_t c, int64_t kh, int64_t H, int64_t Hkv,
@@ -222,11 +232,16 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
     return 0;
 }
 
-/* One K or V head row (D elements) from dtype dt into a cache row of dtype cdt: a copy, or float32 rounded to
- * bfloat16 as torch's .to() (round to nearest even) */
+/* One K or V head row (D elements) from dtype dt into a cache row of dtype cdt: a copy, or rounded as torch's .to()
+ * (round to nearest even; float8 saturating) */
 static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D) {
     if (dt == cdt) {
         memcpy(dst, src, (size_t)D * esize(dt));
+    } else if (cdt == 2) {
+        float row[STACK_FLOATS];
+        if (D > STACK_FLOATS) return;  /* callers' heads are far smaller; checked in cpu_ops.py */
+        load_row(dt, src, row, D);
+        store_row(2, row, dst, D);
     } else {
         const float *s = (const float *)src;  /* dt float32, cdt bfloat16: the one mixed pair callers pass */
         uint16_t *d = (uint16_t *)dst;
