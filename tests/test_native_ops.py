@@ -97,7 +97,7 @@ def _cache(lens, hkv, d, dtype, seed=0, store=None):
     bs = 4
     cache = PagedKVCache([KVLayer(0, hkv, d)], sum(math.ceil((n + 1) / bs) for n in lens) + 3, bs,
                          dtype={torch.float32: "float32", torch.bfloat16: "bfloat16",
-                                torch.float8_e4m3fn: "fp8"}[store or dtype],
+                                torch.float8_e4m3fn: "fp8", torch.int8: "int8"}[store or dtype],
                          compute_dtype=dtype)
     blocks = cache.pool.allocate(cache.pool.num_free)
     perm = [blocks[i] for i in torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed)).tolist()]
@@ -152,12 +152,13 @@ def test_paged_decode_matches_torch(dtype, h, hkv, d, native):
 
 
 @pytest.mark.parametrize("dtype,store", [(torch.float32, torch.bfloat16), (torch.float32, torch.float8_e4m3fn),
-                                         (torch.bfloat16, torch.float8_e4m3fn)])
+                                         (torch.bfloat16, torch.float8_e4m3fn), (torch.float32, torch.int8),
+                                         (torch.bfloat16, torch.int8)])
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 2, 16), (8, 2, 128)])
 def test_paged_decode_narrower_cache(dtype, store, h, hkv, d, native):
-    """kv_cache_dtype bfloat16 for a float32 model, or fp8 (float8 e4m3) for either: the kernel rounds the new K/V as
-    the torch write does (fp8: to nearest even, saturating at 448, subnormals below 2^-6) and reads the rows
-    exactly."""
+    """kv_cache_dtype bfloat16 for a float32 model, or fp8 (float8 e4m3) or int8 for either: the kernel rounds the new
+    K/V as the torch write does (fp8: to nearest even, saturating at 448, subnormals below 2^-6; int8: the row's
+    absmax / 127 as its scale, codes rounded half to even) and reads the rows exactly."""
     lens = [9, 14, 3, 40]
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(len(lens), n, d, generator=g) for n in (h, hkv, hkv))
@@ -178,8 +179,9 @@ def test_paged_decode_narrower_cache(dtype, store, h, hkv, d, native):
         cpu_ops.paged_decode = orig
     assert called and called[0] is not None, "the native kernel did not serve"
     assert cache._dev[0].k.dtype == store and got.dtype == dtype
-    for which in ("k", "v"):  # the same bytes as torch's cast
-        assert torch.equal(raw(getattr(cache._dev[0], which)), raw(getattr(ref_cache._dev[0], which)))
+    for which in ("k", "v", "ks", "vs"):  # the same bytes (and int8 scales) as torch's cast
+        got_t, want_t = getattr(cache._dev[0], which), getattr(ref_cache._dev[0], which)
+        assert (got_t is None) == (want_t is None) and (got_t is None or torch.equal(raw(got_t), raw(want_t)))
     _close(got, ref, dtype)
 
 

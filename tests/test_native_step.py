@@ -100,10 +100,10 @@ def test_gguf_blocks_same_logits_as_op_by_op(tmp_path, monkeypatch, qtype, q8x):
     _both_ways(eng, PROMPTS, 6)
 
 
-@pytest.mark.parametrize("kv", ["bfloat16", "fp8"])
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8", "int8"])
 def test_narrower_cache_under_float32_model(tmp_path, kv):
-    """kv_cache_dtype bfloat16 (llama.cpp's f16-cache setting, in bf16) or fp8 (float8 e4m3, like a q8_0 cache) with
-    float32 activations stays in the program, same bits as op by op."""
+    """kv_cache_dtype bfloat16 (llama.cpp's f16-cache setting, in bf16), fp8 (float8 e4m3) or int8 (per-row scales,
+    like llama.cpp's q8_0 cache) with float32 activations stays in the program, same bits as op by op."""
     eng = _engine(_gguf_model(tmp_path, gguf.GGMLQuantizationType.Q4_0), kv_cache_dtype=kv)
     assert eng.runner.native is not None
     _both_ways(eng, PROMPTS, 5)
@@ -170,10 +170,9 @@ def test_unsupported_models_keep_the_op_by_op_path(tmp_path):
     assert eng.runner.native is None
     out = eng.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
-    # switched off, or an int8 K/V cache
+    # switched off
     model = _float_model(tmp_path)
     assert _engine(model, native=False).runner.native is None
-    assert _engine(model, kv_cache_dtype="int8").runner.native is None
     assert _engine(model).runner.native is not None
 
 

@@ -115,6 +115,14 @@ class PagedKVCache(SlotIndexing, BlockCopies):
         self._claimed = (key, slots, k)
         return st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
 
+    def scale_stores(self, key: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """An int8 layer's K and V row scales as flat [S, Hkv] float32 views (what a kernel that quantizes and reads
+        rows itself updates); None for other dtypes."""
+        st = self._dev[key]
+        if st.ks is None:
+            return None
+        return st.ks.view(-1, st.ks.shape[2]), st.vs.view(-1, st.vs.shape[2])
+
     def release_claim(self) -> None:
         """Forget a ``claim_write`` whose kernel did not run: the next ``write`` stores as usual."""
         self._claimed = None

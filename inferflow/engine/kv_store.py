@@ -7,7 +7,8 @@ plus one float32 scale per token and head, dequantised to the compute dtype on g
 layer against ``2 * Hkv * D * 2`` for float16. float32 scales avoid float16's subnormal range for small K/V.
 int8 is a capacity feature (twice the tokens of float16): PyTorch's int8 -> float conversion is slow
 on GPU, so a step over int8 blocks takes longer than over float16 ones (~0.9 vs ~0.2 ms per layer for
-64 x 1k tokens on an H200) until a fused dequantising kernel replaces the gather.
+64 x 1k tokens on an H200) until a fused dequantising kernel replaces the gather. On the CPU the C decode kernels
+read int8 rows in place, each dot product times its row's scale (native/paged_attention.h).
 ``fp8`` stores K/V as float8 e4m3 (vLLM's ``kv_cache_dtype="fp8"`` with unit scales): one byte per element, values
 rounded to 3 mantissa bits and saturated at +-448 on write, widened to the compute dtype on read. The paged decode
 kernels read it in place (CUDA: triton_attention.py; CPU: native/paged_attention.h), so decode attention streams half

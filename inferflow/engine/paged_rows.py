@@ -84,11 +84,12 @@ class DecodeRows:
             batch = p.memo["native"] = self._native_batch(p)
         if batch is None:
             return None
-        stores = kv.claim_write(key, batch.slots, k)  # the cache's flat K/V stores; the kernel stores k/v itself
-        if stores is None:
+        scales = kv.scale_stores(key)  # an int8 cache's row scales: the kernel quantizes the new rows itself
+        st = kv._dev[key]
+        if st.device.type != "cpu":
             return None
-        kv.release_claim()  # no kv.write follows: nothing to skip
-        return cpu_ops.paged_decode(q, k, v, stores[0], stores[1], batch, scale, window)
+        kf, vf = st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])  # the kernel stores k/v itself
+        return cpu_ops.paged_decode(q, k, v, kf, vf, batch, scale, window, *(scales or ()))
 
     def _native_rows(self, key: int, p: Any, q: torch.Tensor, scale: float,
                      window: int | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -99,8 +100,7 @@ class DecodeRows:
         from ..native import cpu_ops
 
         kv = self.cache
-        if (not cpu_ops.enabled_all() or kv.compute_device(key).type != "cpu" or kv.storage_device(key).type != "cpu"
-                or kv.quantized):
+        if not cpu_ops.enabled_all() or kv.compute_device(key).type != "cpu" or kv.storage_device(key).type != "cpu":
             return None
         plan = p.memo.get("native_rows", False)
         if plan is False:
@@ -111,7 +111,7 @@ class DecodeRows:
         st = kv._dev[key]
         kf, vf = st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
         out = cpu_ops.paged_decode(q if tok is None else q.index_select(0, tok), None, None, kf, vf, batch, scale,
-                                   window)
+                                   window, *(kv.scale_stores(key) or ()))
         return None if out is None else (out, tok)
 
     def _native_rows_batch(self, p: Any, tokens: int):

@@ -23,8 +23,9 @@ class AttentionLowering:
             raise Unsupported(f"{tag}: q/k norms other than per-head RMSNorm")
         st = self.cache._dev.get(m.cache_key)
         if st is None or st.k.device.type != "cpu" or not (
-                st.k.dtype in (self.dtype, torch.float8_e4m3fn) or (st.k.dtype == torch.bfloat16 and self.dt == 0)):
-            raise Unsupported(f"{tag}: no plain CPU K/V layer (the model's dtype, bfloat16 under float32, or float8)")
+                st.k.dtype in (self.dtype, torch.float8_e4m3fn, torch.int8)
+                or (st.k.dtype == torch.bfloat16 and self.dt == 0)):
+            raise Unsupported(f"{tag}: no plain CPU K/V layer (the model's dtype, bfloat16 under float32, float8, int8)")
         h, hkv, d = m.h, m.hkv, m.d
         qd, kvd = m.qd, m.kvd
         rope = self.stack.position if m.use_position else None
@@ -53,6 +54,8 @@ class AttentionLowering:
         args = dict(q=heads, knew=heads.data_ptr() + h * d * es, vnew=qkv.at(qd + kvd), kc=st.k, vc=st.v, out=out,
                     part=part, sq=(h + hkv) * d, skn=(h + hkv) * d, svn=qkv.ld, H=h, Hkv=hkv, D=d,
                     bs=self.cache.block_size, dt=self.dt, cdt=CACHE_DT[st.k.dtype], win=m.window or 0, scale=m.scale)
+        if st.ks is not None:  # int8 rows' scales, written with the rows and read by the attention
+            args.update(ks=st.ks, vs=st.vs)
         self.prog.add("kv_write", label(tag), **args)
         self.prog.add("attention", label(tag), **args)
         self.prog.add("attn_merge", label(tag), **args)

@@ -50,11 +50,11 @@ class NativeDecoder(AttentionLowering):
         g = getattr(model, "parallel", None)
         if (g is not None and g.world > 1) or type(net.decoder) is not Stack:
             raise Unsupported("a model split over processes (pipeline or tensor parallel)")
-        if cache.quantized or cache.device.type != "cpu" or cache.host_layers or not (
-                cache.store_dtype in (self.dtype, torch.float8_e4m3fn)
+        if cache.device.type != "cpu" or cache.host_layers or not (
+                cache.store_dtype in (self.dtype, torch.float8_e4m3fn, torch.int8)
                 or (cache.store_dtype == torch.bfloat16 and self.dt == 0)):
-            raise Unsupported("K/V cache not plain CPU storage in the model's dtype (or bfloat16 under float32, or "
-                              "float8 e4m3)")
+            raise Unsupported("K/V cache not plain CPU storage in the model's dtype (or bfloat16 under float32, "
+                              "float8 e4m3 or int8)")
         self.stack = net.decoder
         self.prog = step.Program()
         self._bufs: dict[tuple, torch.Tensor] = {}

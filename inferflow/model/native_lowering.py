@@ -7,7 +7,7 @@ import torch
 ATT_CHUNKS = 8  # paged_attention.h's: key chunks per sequence at most
 MAX_ROWS = 16
 DT = {torch.float32: 0, torch.bfloat16: 1}
-CACHE_DT = {**DT, torch.float8_e4m3fn: 2}  # K/V caches may also hold float8 e4m3
+CACHE_DT = {**DT, torch.float8_e4m3fn: 2, torch.int8: 3}  # K/V caches may also hold float8 e4m3 or scaled int8
 GEMV_T = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 

@@ -2,7 +2,8 @@
  *
  * At batch 1 a layer's RMSNorms, residual adds, RoPE, K/V cache write, paged attention and SiLU*mul are ~40 tiny
  * torch ops of a few microseconds each; here each is one call. Element types: 0 = float32, 1 = bfloat16 (math in
- * float32, rounded to bfloat16 where the torch composition rounds), 2 = float8 e4m3 (K/V caches only). Every output element is computed by one thread
+ * float32, rounded to bfloat16 where the torch composition rounds), 2 = float8 e4m3 and 3 = int8 with one float32
+ * scale per row (K/V caches only; kv_store.quantize_int8's layout). Every output element is computed by one thread
  * in a fixed order, so results do not depend on the batch size, the other rows or the thread count (a sequence
  * decodes to the same tokens alone or in a batch). Plain C the compiler vectorises, plus AVX-512 intrinsics for
  * attention's dot product (same sums in the same order as its portable version).
@@ -38,6 +39,9 @@ static void load_row(int dt, const void *src, float *dst, int64_t n) {
     } else if (dt == 2) {
         const uint8_t *s = (const uint8_t *)src;
         for (int64_t i = 0; i < n; i++) dst[i] = e4m3_lut[s[i]];
+    } else if (dt == 3) {  /* the codes; the caller applies the row's scale */
+        const int8_t *s = (const int8_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
     } else {
         const uint16_t *s = (const uint16_t *)src;
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
@@ -56,7 +60,7 @@ static void store_row(int dt, const float *src, void *dst, int64_t n) {
     }
 }
 
-static inline size_t esize(int dt) { return dt == 2 ? 1 : dt ? 2 : 4; }
+static inline size_t esize(int dt) { return dt >= 2 ? 1 : dt ? 2 : 4; }
 
 /* sum of a[i] * b[i] in a fixed order: 16 lane partial sums, then the lanes as a halving tree (a few shuffles,
  * not 15 dependent adds: this runs once per key and head in attention) */
@@ -162,11 +166,13 @@ void cpu_rope(int dt, const void *x, int64_t sxn, int64_t sxh, int64_t N, int64_
 
 /* One decode step of attention for B sequences over the paged cache, in place.
  * q [B, H, D] (row stride sq, heads contiguous); knew/vnew [B, Hkv, D] (row strides skn/svn, heads contiguous) are
- * first stored at slots[b] of the flat caches kc/vc [S, Hkv, D] (S = blocks * bs; knew NULL: already stored); then
+ * first stored at slots[b] of the flat caches kc/vc [S, Hkv, D] (S = blocks * bs; knew NULL: already stored; an
+ * int8 cache (cdt 3) also keeps each row's scale in ks/vs [S, Hkv], NULL otherwise); then
  * query b attends to its first lens[b] keys, or with win > 0 the last win of them (paged_task). GQA: q head h reads kv head h / (H / Hkv). One task per
  * (sequence, kv head). */
 int cpu_paged_decode(int dt, int cdt, const void *q, int64_t sq, const void *knew, int64_t skn, const void *vnew,
-                     int64_t svn, void *kc, void *vc, const int64_t *slots, const int64_t *tables, int64_t tstride,
+                     int64_t svn, void *kc, void *vc, float *ks, float *vs, const int64_t *slots,
+                     const int64_t *tables, int64_t tstride,
                      const int64_t *lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
                      int64_t win, void *out, int nt) {
     const size_t es = esize(dt), ces = esize(cdt);
@@ -174,8 +180,11 @@ int cpu_paged_decode(int dt, int cdt, const void *q, int64_t sq, const void *kne
         for (int64_t b = 0; b < B; b++)
             for (int64_t kh = 0; kh < Hkv; kh++) {
                 const size_t at = (size_t)((slots[b] * Hkv + kh) * D) * ces;
-                kv_row(dt, cdt, (const char *)knew + (size_t)(b * skn + kh * D) * es, (char *)kc + at, D);
-                kv_row(dt, cdt, (const char *)vnew + (size_t)(b * svn + kh * D) * es, (char *)vc + at, D);
+                const int64_t row = slots[b] * Hkv + kh;
+                kv_row(dt, cdt, (const char *)knew + (size_t)(b * skn + kh * D) * es, (char *)kc + at, D,
+                       ks ? ks + row : NULL);
+                kv_row(dt, cdt, (const char *)vnew + (size_t)(b * svn + kh * D) * es, (char *)vc + at, D,
+                       vs ? vs + row : NULL);
             }
     }
     int64_t work = 0, tasks = 0;
@@ -211,7 +220,7 @@ int cpu_paged_decode(int dt, int cdt, const void *q, int64_t sq, const void *kne
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             const int64_t i = t / Hkv;
-            if (attn_chunk(dt, cdt, q, sq, kc, vc, tables, tstride, lens, task[2 * i], task[2 * i + 1], t % Hkv, H, Hkv,
+            if (attn_chunk(dt, cdt, q, sq, kc, vc, ks, vs, tables, tstride, lens, task[2 * i], task[2 * i + 1], t % Hkv, H, Hkv,
                            D, bs, scale, win, part)) {
 #pragma omp atomic write
                 failed = 1;

@@ -22,7 +22,8 @@ from . import load, threads
 
 ENV = "INFERFLOW_NATIVE_OPS"
 _DT = {torch.float32: 0, torch.bfloat16: 1}
-_CDT = {**_DT, torch.float8_e4m3fn: 2}  # K/V caches: also float8 e4m3 (widened as read, rounded as torch's cast)
+# K/V caches: also float8 e4m3 (widened as read, rounded as torch's cast) and int8 with per-row scales
+_CDT = {**_DT, torch.float8_e4m3fn: 2, torch.int8: 3}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _state: dict[str, object] = {}
 
@@ -37,7 +38,8 @@ def _lib() -> ctypes.CDLL | None:
                                             ctypes.c_int, ctypes.c_int, ctypes.c_int]
             lib.cpu_silu_mul.argtypes = [ctypes.c_int, _P, _I, _P, _I, _P, _I, _I, ctypes.c_int]
             lib.cpu_rope.argtypes = [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _P, _I, _P]
-            lib.cpu_paged_decode.argtypes = [ctypes.c_int, ctypes.c_int, _P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I,
+            lib.cpu_paged_decode.argtypes = [ctypes.c_int, ctypes.c_int, _P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P,
+                                             _I, _I, _I,
                                              _I, _I, _F, _I, _P, ctypes.c_int]
             lib.cpu_argmax.argtypes = [_P, _I, _I, _I, _P]
             for f in (lib.cpu_rmsnorm, lib.cpu_add_rmsnorm, lib.cpu_silu_mul, lib.cpu_rope, lib.cpu_argmax):
@@ -201,15 +203,20 @@ class DecodeBatch:
 
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kc: torch.Tensor,
-                 vc: torch.Tensor, batch: DecodeBatch, scale: float, window: int | None = None) -> torch.Tensor | None:
+                 vc: torch.Tensor, batch: DecodeBatch, scale: float, window: int | None = None,
+                 k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None) -> torch.Tensor | None:
     """Decode attention of q [B, H, D] (heads contiguous) over the flat paged caches kc/vc [S, Hkv, D]
     (S = num_blocks * block_size, contiguous; q's dtype, bfloat16 under float32 q, or float8 e4m3), storing the new k/v [B, Hkv, D] (heads contiguous) at the batch's
     slots first (k None: already stored); ``window``: each query sees only its last ``window`` keys (itself
-    included). Returns [B, H, D]; None: not served."""
+    included). An int8 cache takes its rows' float32 scales ``k_scales``/``v_scales`` [S, Hkv] (kv_store.quantize_int8's, which
+    the new rows' quantization reproduces). Returns [B, H, D]; None: not served."""
     dt, cdt = _DT.get(q.dtype), _CDT.get(kc.dtype)
     # the cache in q's dtype, bfloat16 under float32 queries, or float8 (new K/V rounded as torch's .to())
-    if (dt is None or cdt is None or (cdt != dt and dt != 0 and cdt != 2) or vc.dtype != kc.dtype
+    if (dt is None or cdt is None or (cdt != dt and dt != 0 and cdt < 2) or vc.dtype != kc.dtype
             or not enabled_all() or q.shape[-1] > 4096):
+        return None
+    if cdt == 3 and not all(s is not None and s.dtype == torch.float32 and s.is_contiguous()
+                            and s.numel() == kc.shape[0] * kc.shape[1] for s in (k_scales, v_scales)):
         return None
     shape, qs, ks = q.shape, q.stride(), kc.shape
     if len(shape) != 3 or len(ks) != 3:
@@ -231,7 +238,8 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     out = torch.empty((B, H, D), dtype=q.dtype)
     if B:
         t = batch.tables
-        if _lib().cpu_paged_decode(dt, cdt, q.data_ptr(), qs[0], kp, skn, vp, svn, kc.data_ptr(), vc.data_ptr(),
+        ksp, vsp = (None, None) if cdt != 3 else (k_scales.data_ptr(), v_scales.data_ptr())
+        if _lib().cpu_paged_decode(dt, cdt, q.data_ptr(), qs[0], kp, skn, vp, svn, kc.data_ptr(), vc.data_ptr(), ksp, vsp,
                                    batch.slots.data_ptr(), t.data_ptr(), t.stride(0), batch.lens.data_ptr(), B, H,
                                    hkv, D, batch.block_size, scale, window or 0, out.data_ptr(), threads()):
             raise MemoryError("native paged decode attention: out of memory for its partial sums")

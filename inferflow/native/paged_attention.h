@@ -26,6 +26,8 @@ static inline __attribute__((always_inline)) __m512 hsum16(const __m512 *v) {
    (exact) */
 static inline __attribute__((always_inline)) __m512 load16(const void *c, int64_t i, const int dt) {
     if (!dt) return _mm512_loadu_ps((const float *)c + i);
+    if (dt == 3)  /* int8 codes (the caller applies the row's scale) */
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)c + i))));
     if (dt == 2) {  /* e4m3 moved into half-precision fields (exponent bias 15 for 7, subnormals included) x 2^8 */
         const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)c + i)));
         const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
@@ -109,14 +111,14 @@ static inline __attribute__((always_inline)) void pv_group(const int DC, const i
         for (int c = 0; c < DC; c++) _mm512_storeu_ps(acc + g * sa + 16 * c, a[g][c]);
 }
 
-/* The register paths' instances: D 64 / 128 (DC 4 / 8), float32 / bfloat16 / float8 cache, 1-4 heads per kv head
-   at once */
+/* The register paths' instances: D 64 / 128 (DC 4 / 8), float32 / bfloat16 / float8 / int8 cache, 1-4 heads per kv
+   head at once */
 #define ATT_R(F, DC, DT, R, ...) \
     (R == 1 ? F(DC, DT, 1, __VA_ARGS__) : R == 2 ? F(DC, DT, 2, __VA_ARGS__) : R == 3 ? F(DC, DT, 3, __VA_ARGS__) \
             : F(DC, DT, 4, __VA_ARGS__))
 #define ATT_DT(F, DC, DT, R, ...)                                                                          \
-    ((DT) == 2 ? ATT_R(F, DC, 2, R, __VA_ARGS__) : (DT) ? ATT_R(F, DC, 1, R, __VA_ARGS__)                   \
-               : ATT_R(F, DC, 0, R, __VA_ARGS__))
+    ((DT) == 3 ? ATT_R(F, DC, 3, R, __VA_ARGS__) : (DT) == 2 ? ATT_R(F, DC, 2, R, __VA_ARGS__)              \
+               : (DT) ? ATT_R(F, DC, 1, R, __VA_ARGS__) : ATT_R(F, DC, 0, R, __VA_ARGS__))
 #define ATT_CALL(F, D, DT, R, ...) \
     ((D) == 64 ? ATT_DT(F, 4, DT, R, __VA_ARGS__) : ATT_DT(F, 8, DT, R, __VA_ARGS__))
 #endif
@@ -161,9 +163,11 @@ static float softmax_part(float *restrict s, int64_t n, float *l) {
 }
 
 /* Task (b, c, kh): query heads kh * rep .. (kh + 1) * rep - 1 (rep = H / Hkv) of sequence b (queries at
- * q + b * sq, dtype dt) over chunk c of its keys (caches of dtype cdt: float32, bfloat16 or float8 e4m3); key t at slot tables[b * tstride + t / bs] * bs + t % bs of the flat caches
+ * q + b * sq, dtype dt) over chunk c of its keys (caches of dtype cdt: float32, bfloat16, float8 e4m3, or int8 with
+ * the rows' scales in ks/vs [S, Hkv]); key t at slot tables[b * tstride + t / bs] * bs + t % bs of the flat caches
  * kc/vc [S, Hkv, D]; scores in float32, sums in key order. Returns -1 when out of memory. */
-static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc, const void *vc, const int64_t *tables,
+static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc, const void *vc, const float *ks,
+                      const float *vs, const int64_t *tables,
                       int64_t tstride, const int64_t *lens, int64_t b, int64_t c, int64_t kh, int64_t H, int64_t Hkv,
                       int64_t D, int64_t bs, float scale, int64_t win, float *part) {
     const size_t es = esize(dt), ces = esize(cdt);
@@ -206,11 +210,17 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
         if (cdt) { load_row(cdt, kp, kv, D); kr = kv; }
         for (int64_t g = 0; g < rep; g++) sc[g * nk + t] = dot(qf + g * D, kr, D) * scale;
     }
+    if (ks)  /* int8 K: each key's dot product times its row's scale (at[t] / D is the row) */
+        for (int64_t g = 0; g < rep; g++)
+            for (int64_t t = 0; t < nk; t++) sc[g * nk + t] *= ks[at[t] / D];
     for (int64_t g = 0; g < rep; g++) {
         float *pp = att_part(part, b, c, h0 + g, H, D);
         pp[0] = softmax_part(sc + g * nk, nk, &pp[1]);
         memset(pp + 2, 0, (size_t)D * 4);
     }
+    if (vs)  /* int8 V: each key's weight times its row's scale (the sums l above are of the weights alone) */
+        for (int64_t g = 0; g < rep; g++)
+            for (int64_t t = 0; t < nk; t++) sc[g * nk + t] *= vs[at[t] / D];
 #ifdef __AVX512F__
     if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
         for (int64_t g = 0; g < rep; g += 4) {
@@ -233,15 +243,29 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
 }
 
 /* One K or V head row (D elements) from dtype dt into a cache row of dtype cdt: a copy, or rounded as torch's .to()
- * (round to nearest even; float8 saturating) */
-static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D) {
+ * (round to nearest even; float8 saturating), or int8 as kv_store.quantize_int8 (scale = absmax / 127, 1 for a zero
+ * row, into *scale; codes round(x / scale), half to even) */
+static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D, float *scale) {
     if (dt == cdt) {
         memcpy(dst, src, (size_t)D * esize(dt));
-    } else if (cdt == 2) {
+    } else if (cdt >= 2) {
         float row[STACK_FLOATS];
         if (D > STACK_FLOATS) return;  /* callers' heads are far smaller; checked in cpu_ops.py */
         load_row(dt, src, row, D);
-        store_row(2, row, dst, D);
+        if (cdt == 2) {
+            store_row(2, row, dst, D);
+            return;
+        }
+        float mx = 0.0f;
+        for (int64_t i = 0; i < D; i++) mx = fmaxf(mx, fabsf(row[i]));
+        float s = mx / 127.0f;
+        if (!(s > 0.0f)) s = 1.0f;
+        int8_t *d = (int8_t *)dst;
+        for (int64_t i = 0; i < D; i++) {
+            const float r = nearbyintf(row[i] / s);
+            d[i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+        *scale = s;
     } else {
         const float *s = (const float *)src;  /* dt float32, cdt bfloat16: the one mixed pair callers pass */
         uint16_t *d = (uint16_t *)dst;

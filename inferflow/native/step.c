@@ -185,8 +185,8 @@ static void op_rope(const void *p, StepState *st, int tid, int nth) {
 /* Attention of each row over the paged cache (cpu_paged_decode's arithmetic): kv_write stores the rows' new K/V
    heads at their slots, attention runs the (row, key chunk, kv head) tasks into part (M * ATT_CHUNKS * H * (D + 2)
    floats), attn_merge combines each (row, head)'s chunks. */
-typedef struct { const void *q, *knew, *vnew; void *kc, *vc, *out, *part; int64_t sq, skn, svn, H, Hkv, D, bs, dt,
-                 cdt, win; double scale; } Attn;
+typedef struct { const void *q, *knew, *vnew; void *kc, *vc, *out, *part; float *ks, *vs; int64_t sq, skn, svn, H,
+                 Hkv, D, bs, dt, cdt, win; double scale; } Attn;
 static void op_kv_write(const void *p, StepState *st, int tid, int nth) {
     const Attn *a = (const Attn *)p;
     const int dt = (int)a->dt, cdt = (int)a->cdt;
@@ -194,8 +194,11 @@ static void op_kv_write(const void *p, StepState *st, int tid, int nth) {
     for (int64_t t = share(st->M * a->Hkv, tid, nth); t < share(st->M * a->Hkv, tid + 1, nth); t++) {
         const int64_t b = t / a->Hkv, kh = t % a->Hkv;
         const size_t at = (size_t)((st->slots[b] * a->Hkv + kh) * a->D) * ces;
-        kv_row(dt, cdt, (const char *)a->knew + (size_t)(b * a->skn + kh * a->D) * es, (char *)a->kc + at, a->D);
-        kv_row(dt, cdt, (const char *)a->vnew + (size_t)(b * a->svn + kh * a->D) * es, (char *)a->vc + at, a->D);
+        const int64_t row = st->slots[b] * a->Hkv + kh;
+        kv_row(dt, cdt, (const char *)a->knew + (size_t)(b * a->skn + kh * a->D) * es, (char *)a->kc + at, a->D,
+               a->ks ? a->ks + row : NULL);
+        kv_row(dt, cdt, (const char *)a->vnew + (size_t)(b * a->svn + kh * a->D) * es, (char *)a->vc + at, a->D,
+               a->vs ? a->vs + row : NULL);
     }
 }
 static void op_attention(const void *p, StepState *st, int tid, int nth) {
@@ -207,7 +210,7 @@ static void op_attention(const void *p, StepState *st, int tid, int nth) {
     for (int64_t b = 0, t = 0; b < st->M && t < hi; b++) {
         const int64_t n = att_nchunks(att_keys(st->lens[b], a->win)) * a->Hkv;
         for (int64_t i = t > lo ? 0 : lo - t; i < n && t + i < hi; i++)
-            if (attn_chunk((int)a->dt, (int)a->cdt, a->q, a->sq, a->kc, a->vc, st->tables, st->tstride, st->lens, b, i / a->Hkv,
+            if (attn_chunk((int)a->dt, (int)a->cdt, a->q, a->sq, a->kc, a->vc, a->ks, a->vs, st->tables, st->tstride, st->lens, b, i / a->Hkv,
                            i % a->Hkv, a->H, a->Hkv, a->D, a->bs, (float)a->scale, a->win, (float *)a->part))
                 st->err = 1;
         t += n;

@@ -48,7 +48,8 @@ _FIELDS: dict[str, list[tuple[str, Any]]] = {
     "silu_mul": [("g", _P), ("u", _P), ("out", _P), ("sg", _I), ("su", _I), ("I", _I), ("dt", _I)],
     "rope": [("x", _P), ("cos", _P), ("sin", _P), ("out", _P), ("sxn", _I), ("sxh", _I), ("H", _I), ("D", _I),
              ("dt", _I)],
-    "attention": [("q", _P), ("knew", _P), ("vnew", _P), ("kc", _P), ("vc", _P), ("out", _P), ("part", _P), ("sq", _I),
+    "attention": [("q", _P), ("knew", _P), ("vnew", _P), ("kc", _P), ("vc", _P), ("out", _P), ("part", _P),
+                  ("ks", _P), ("vs", _P), ("sq", _I),
                   ("skn", _I), ("svn", _I), ("H", _I), ("Hkv", _I), ("D", _I), ("bs", _I), ("dt", _I),
                   ("cdt", _I), ("win", _I), ("scale", _D)],
 }
