@@ -5,6 +5,7 @@ import torch
 
 import engine_models
 from engine_models import one_thread  # noqa: F401 - autouse fixture
+from parity import DEVICE
 from inferflow.engine import Engine, EngineConfig, SamplingParams
 from inferflow.engine.cuda_graphs import DecodeGraphs, buckets
 from inferflow.engine.static_decode import pure_decode
@@ -16,13 +17,13 @@ def decoder(request, tmp_path_factory):
     return getattr(engine_models, request.param)(tmp_path_factory.mktemp(request.param))
 
 
-def _engine(m, static: bool, **cfg) -> Engine:
+def _engine(m, static: bool, use_kernel: bool = False, **cfg) -> Engine:
     # synchronous steps: every decode goes through ModelRunner.run (overlapped steps: test_engine_overlap.py)
     eng = Engine(m, EngineConfig(**{"block_size": 4, "num_blocks": 256, "max_num_batched_tokens": 48,
                                     "max_num_seqs": 12, "async_scheduling": False, **cfg}))
-    if static:  # the static step, eagerly (no graphs on the CPU), through the torch attention path
+    if static:  # the static step, eagerly (no graphs on the CPU), through the torch attention path or the kernel
         eng.runner.graphs = DecodeGraphs(m, eng.cache, eng.config.max_num_seqs, eng.max_model_len, graphs=False,
-                                         use_kernel=False)
+                                         use_kernel=use_kernel)
     return eng
 
 
@@ -32,16 +33,28 @@ def test_buckets():
     assert buckets(64) == [1, 2, 4, 8, 16, 32, 64]
 
 
-def test_static_step_equals_normal_path(decoder):
-    """Every pure-decode step runs both ways on the same cache: same logits; then same greedy tokens overall."""
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_static_step_equals_normal_path(decoder, kv, monkeypatch):
+    """Every pure-decode step runs both ways on the same cache: same logits; then same greedy tokens overall. On
+    CUDA the static step takes the paged decode kernel and the normal path the gather (an int8 cache: codes and
+    scales read in place against dequantized gathers of the same codes)."""
+    from inferflow.engine import paged_rows
+
     prompts, outs = engine_models.mix(20, seed=3)
     params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
-    eng = _engine(decoder, static=True)
+    eng = _engine(decoder, static=True, use_kernel=DEVICE == "cuda", kv_cache_dtype=kv)
     runner, checked = eng.runner, []
     plain_run = runner.forward
 
+    def gathered(items):
+        monkeypatch.setitem(paged_rows._kernel, "ok", False)
+        try:
+            return plain_run(items)
+        finally:
+            monkeypatch.setitem(paged_rows._kernel, "ok", True)
+
     def both(scheduled):
-        ref = plain_run([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1), 1) for sc in scheduled]) \
+        ref = gathered([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1), 1) for sc in scheduled]) \
             if pure_decode(scheduled) else None
         out = type(runner).run(runner, scheduled)
         if ref is not None:
@@ -54,7 +67,7 @@ def test_static_step_equals_normal_path(decoder):
     got = [r.outputs[0].token_ids for r in eng.generate(prompts, params)]
     eng.cache.pool.assert_clean()
     assert checked and max(checked) > 4 and any(n not in buckets(12) for n in checked)  # padded buckets ran
-    plain = _engine(decoder, static=False)
+    plain = _engine(decoder, static=False, kv_cache_dtype=kv)
     want = [r.outputs[0].token_ids for r in plain.generate(prompts, params)]
     assert got == want
 

@@ -145,6 +145,35 @@ def test_kv_write_kernel_matches_index_copy(interp, dtype, store):
     assert not kvw.write_kv(kf, vf, slots, k.transpose(1, 2), v.transpose(1, 2))  # odd layout: index_copy_
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kv_write_int8_kernel_matches_quantize_int8(interp, dtype):
+    """An int8 cache's one-launch write quantizes as kv_store.quantize_int8 does: identical codes and scales,
+    ties to even, an all-zero row (scale 1), a row of one value, the odd head count (a masked tile) included."""
+    from inferflow.engine import triton_kv_write as kvw
+    from inferflow.engine.kv_store import quantize_int8
+
+    g = torch.Generator().manual_seed(9)
+    N, hkv, D, S = 6, 3, 16, 30
+    qkv = (torch.randn(N, 4 * hkv * D, generator=g) * 5).to(dtype)
+    k = qkv[:, hkv * D:2 * hkv * D].view(N, hkv, D)
+    v = qkv[:, 2 * hkv * D:3 * hkv * D].view(N, hkv, D)
+    k[0, 1] = 0.0                                                     # scale 1, codes 0
+    k[1, 0] = torch.tensor([127.0, 63.5, -0.5, 1.5, 2.5, -62.5] + [0.25] * (D - 6), dtype=dtype)  # exact ties
+    v[2, 2] = 3.0                                                     # one value: every code 127
+    slots = torch.tensor([3, 17, 0, 29, 5, 11])
+    kf, vf = (torch.randint(-127, 128, (S, hkv, D), generator=g, dtype=torch.int8) for _ in range(2))
+    ks, vs = torch.rand(S, hkv, generator=g), torch.rand(S, hkv, generator=g)
+    rk, rv, rks, rvs = kf.clone(), vf.clone(), ks.clone(), vs.clone()
+    for x, codes, scales in ((k, rk, rks), (v, rv, rvs)):
+        c, sc = quantize_int8(x)
+        codes.index_copy_(0, slots, c)
+        scales.index_copy_(0, slots, sc)
+    assert kvw.write_kv_int8(kf, vf, ks, vs, slots, k, v)
+    assert torch.equal(kf, rk) and torch.equal(vf, rv) and torch.equal(ks, rks) and torch.equal(vs, rvs)
+    assert rk[17, 0, :6].tolist() == [127, 64, 0, 2, 2, -62]         # ties went to even
+    assert not kvw.write_kv_int8(kf, vf, ks[:, :2], vs, slots, k, v)  # scales of another shape: not served
+
+
 @pytest.mark.parametrize("dtype,offset,in_float", [(torch.float32, 0.0, False), (torch.float16, 0.0, False),
                                                    (torch.float16, 1.0, True)])
 @pytest.mark.parametrize("rows", [False, True])
@@ -196,10 +225,11 @@ class _Recorder:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize("store", [torch.float32, torch.float16])
+@pytest.mark.parametrize("store", ["float32", "float16", "int8"])
 def test_qk_norm_rope_writes_kv_cache(interp, store):
     """With the static decode step's backend (a cache and per-row slots), the q/k norm + RoPE launch also stores
-    the roped k and the v heads at their cache slots, as the cache's write would, and that write is then skipped."""
+    the roped k and the v heads at their cache slots, as the cache's write would (an int8 cache: the same codes and
+    scales), and that write is then skipped."""
     from types import SimpleNamespace
 
     from inferflow.engine.kv_cache import KVLayer, PagedKVCache
@@ -216,7 +246,7 @@ def test_qk_norm_rope_writes_kv_cache(interp, store):
         nm.weight = torch.nn.Parameter(torch.randn(D, generator=g), requires_grad=False)
         norms.append(nm)
     rope = create("rope", {"dim": D, "theta": 10000.0})
-    cache = PagedKVCache([KVLayer(7, hkv, D)], 6, bs, dtype={torch.float32: "float32", torch.float16: "float16"}[store])
+    cache = PagedKVCache([KVLayer(7, hkv, D)], 6, bs, dtype=store)
     ref = PagedKVCache([KVLayer(7, hkv, D)], 6, bs, dtype=cache.dtype)
     slots = torch.tensor([5, 0, 13])
     ctx = ForwardContext(positions=torch.tensor([5, 0, 13]), q_lens=[1] * N, k_lens=[6, 1, 14],
@@ -251,22 +281,31 @@ def _greedy(m, n: int, seed: int, max_out: int):
     return prompts, params, cfg, want
 
 
-def test_engine_static_decode_fused_kv_write_same_tokens(interp, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_engine_static_decode_fused_kv_write_same_tokens(interp, tmp_path, monkeypatch, kv):
     """The static decode step (forced on the CPU through async scheduling) with fused projections and the q/k norm
-    + RoPE kernel storing K/V into the cache itself: the plain engine's greedy tokens."""
+    + RoPE kernel storing K/V into the cache itself (an int8 cache: quantized there): the plain engine's greedy
+    tokens over the same cache dtype."""
     from inferflow.engine import Engine, EngineConfig
     from inferflow.engine.kv_cache import PagedKVCache
     from inferflow.model import fused_qk_rope
 
     m = _qwen3(tmp_path)
     prompts, params, cfg, want = _greedy(m, 2, seed=4, max_out=5)
+    cfg = {**cfg, "kv_cache_dtype": kv}
+    if kv != "auto":
+        want = [r.outputs[0].token_ids for r in Engine(m, EngineConfig(**cfg)).generate(prompts, params)]
     monkeypatch.setenv(fused_qk_rope.ENV, "force")
     claims = []
     real = PagedKVCache.claim_write
     monkeypatch.setattr(PagedKVCache, "claim_write", lambda self, *a: claims.append(1) or real(self, *a))
+    targets, target = [], fused_qk_rope._cache_target
+    monkeypatch.setattr(fused_qk_rope, "_cache_target", lambda *a: (lambda t: targets.append(t and len(t)) or t)(
+        target(*a)))
     eng = Engine(m, EngineConfig(**cfg, fuse_projections=True, async_scheduling=True))
     assert [r.outputs[0].token_ids for r in eng.generate(prompts, params)] == want
-    assert claims  # the decode steps wrote K/V from the fused kernel
+    assert claims  # the decode steps wrote K/V from the fused kernel: slots, stores (and an int8 cache's scales)
+    assert targets and set(targets) == {5 if kv == "int8" else 3}
 
 
 def test_qwen3_all_fusions_same_tokens(interp, tmp_path, monkeypatch):
@@ -335,8 +374,8 @@ def test_norm_rope_attention_kernel(interp, dtype, store, softcap, window):
     # the same steps one at a time: norm + RoPE (its kernel), the cache write, the attention reference
     qo, ko = torch.empty(B, H, D, dtype=dtype), torch.empty(B, hkv, D, dtype=dtype)
     fused_qk_rope._qk_norm_rope[(B * (H + hkv),)](qkv, wq, wk, cos, sin, qo, ko, qkv.stride(0), cos.stride(0), H,
-                                                  hkv, 1e-6, 0.0, slots, ko, ko, HALF=D // 2, WEIGHT_IN_FLOAT=False,
-                                                  HAS_OFFSET=False, WRITE_KV=False)
+                                                  hkv, 1e-6, 0.0, slots, ko, ko, ko, ko, HALF=D // 2,
+                                                  WEIGHT_IN_FLOAT=False, HAS_OFFSET=False, WRITE_KV=False, QUANT=False)
     v = qkv[:, (H + hkv) * D:].reshape(B, hkv, D)
     rk.view(-1, hkv, D).index_copy_(0, slots, ko.to(store))
     rv.view(-1, hkv, D).index_copy_(0, slots, v.to(store))
@@ -350,10 +389,53 @@ def test_norm_rope_attention_kernel(interp, dtype, store, softcap, window):
         assert ta.grid_splits(160, B * hkv, 8, min_part=64) == 2
 
 
-def test_engine_static_decode_norm_rope_attention_same_tokens(interp, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_norm_rope_attention_kernel_int8_cache(interp, dtype):
+    """The one-kernel q/k norm + RoPE + K/V store + attention over an int8 cache: the new k and v are quantized as
+    the cache's write quantizes them (codes and scales), and the attention equals the reference over the stored
+    codes and scales, for rows of one or two splits and a padded row."""
+    from inferflow.engine import triton_attention as ta
+    from inferflow.engine.kv_store import quantize_int8
+    from inferflow.model import fused_qk_rope
+
+    g = torch.Generator().manual_seed(22)
+    H, hkv, D, bs, blocks = 4, 2, 16, 16, 40
+    lens = torch.tensor([150, 5, 70, 150])
+    B = len(lens)
+    qkv = (torch.randn(B, (H + 2 * hkv) * D, generator=g) * 3).to(dtype)
+    qkv[3] = qkv[0]
+    wq, wk = (torch.randn(D, generator=g).to(dtype) for _ in range(2))
+    pos = lens - 1
+    f = pos.float()[:, None] * (1.0 / 10000.0 ** (torch.arange(0, D, 2).float() / D))[None, :]
+    cos, sin = torch.cat([f.cos()] * 2, -1).to(dtype), torch.cat([f.sin()] * 2, -1).to(dtype)
+    perm = torch.randperm(blocks, generator=g)
+    tables = torch.stack([perm[:10], perm[10:20], perm[20:30], perm[:10]])
+    slots = tables[torch.arange(B), pos // bs] * bs + pos % bs
+    (kc, ks), (vc, vs) = (quantize_int8(torch.randn(blocks * bs, hkv, D, generator=g)) for _ in range(2))
+    kc, vc = kc.view(blocks, bs, hkv, D), vc.view(blocks, bs, hkv, D)
+    out = ta.paged_decode_norm_rope(qkv, H, wq, wk, 1e-6, 0.0, False, cos, sin, slots, kc, vc, tables, lens,
+                                    scale=0.3, max_len=160, min_part=64, k_scales=ks, v_scales=vs)
+    qo, ko = torch.empty(B, H, D, dtype=dtype), torch.empty(B, hkv, D, dtype=dtype)
+    fused_qk_rope._qk_norm_rope[(B * (H + hkv),)](qkv, wq, wk, cos, sin, qo, ko, qkv.stride(0), cos.stride(0), H,
+                                                  hkv, 1e-6, 0.0, slots, ko, ko, ko, ko, HALF=D // 2,
+                                                  WEIGHT_IN_FLOAT=False, HAS_OFFSET=False, WRITE_KV=False, QUANT=False)
+    (qk, sk), (qv, sv) = quantize_int8(ko), quantize_int8(qkv[:, (H + hkv) * D:].reshape(B, hkv, D))
+    kf = kc.view(-1, hkv, D)
+    assert torch.equal(vc.view(-1, hkv, D)[slots], qv) and torch.equal(vs[slots], sv)
+    # k: the same up to the order of the norm's float32 sum (an ulp of ``dtype`` in ko, at most a code apart)
+    assert (kf[slots].float() * ks[slots, :, None] - qk.float() * sk[..., None]).abs().max().item() <= \
+        sk.max().item() * 1.01
+    ref = ta.paged_decode_reference(qo, kc, vc, tables, lens, scale=0.3, k_scales=ks, v_scales=vs)
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    assert (out.float() - ref.float()).abs().max().item() <= tol * 10
+    assert torch.equal(out[3], out[0])
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_engine_static_decode_norm_rope_attention_same_tokens(interp, tmp_path, monkeypatch, kv):
     """The static decode step (forced on the CPU through async scheduling) with q/k norms, RoPE, the K/V store and
-    attention in one kernel per layer: the plain engine's greedy tokens; ``INFERFLOW_FUSE_QK_ATTENTION=0`` keeps
-    the two kernels, as do fewer (row, KV head) programs than SMs."""
+    attention in one kernel per layer: the plain engine's greedy tokens (over the same cache dtype);
+    ``INFERFLOW_FUSE_QK_ATTENTION=0`` keeps the two kernels, as do fewer (row, KV head) programs than SMs."""
     from inferflow.engine import Engine, EngineConfig, static_decode, triton_attention
     from inferflow.model import fused_qk_rope
 
@@ -362,6 +444,9 @@ def test_engine_static_decode_norm_rope_attention_same_tokens(interp, tmp_path, 
                                    max_position_embeddings=128)
     m = _load(transformers.Qwen3ForCausalLM(cfg), tmp_path)
     prompts, params, ecfg, want = _greedy(m, 3, seed=5, max_out=6)
+    ecfg = {**ecfg, "kv_cache_dtype": kv}
+    if kv != "auto":
+        want = [r.outputs[0].token_ids for r in Engine(m, EngineConfig(**ecfg)).generate(prompts, params)]
     monkeypatch.setenv(fused_qk_rope.ENV, "force")
     calls = []
     real = triton_attention.paged_decode_norm_rope

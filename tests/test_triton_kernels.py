@@ -55,6 +55,30 @@ def test_kernel_vs_reference(kernels, dtype, softcap, window, kw):
         assert not kernels._tickets[q.device].any()
 
 
+@pytest.mark.parametrize("dtype,window,kw", [(torch.float32, None, {"min_part": 64}),
+                                             (torch.float16, 21, {"min_part": 16, "ticket": False}),
+                                             (torch.float32, None, {"max_splits": 1})])
+def test_kernel_int8_cache_vs_reference(kernels, dtype, window, kw):
+    """An int8 cache read in place with its per-row scales: the kernel against the dequantized reference."""
+    from inferflow.engine.kv_store import quantize_int8
+
+    g = torch.Generator().manual_seed(11)
+    B, H, hkv, bs, nb, D = 3, 8, 2, 16, 40, 32
+    (kc, ks), (vc, vs) = (quantize_int8(torch.randn(nb * bs, hkv, D, generator=g) * 4) for _ in range(2))
+    kc, vc = kc.view(nb, bs, hkv, D), vc.view(nb, bs, hkv, D)
+    q = torch.randn(B, H, D, generator=g).to(dtype)
+    lens = torch.tensor([1, 37, 150])
+    tables = torch.stack([torch.randperm(nb, generator=g)[:10] for _ in range(B)])
+    out = kernels.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=160, window=window, block_n=16,
+                               k_scales=ks, v_scales=vs, **kw)
+    ref = kernels.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, window=window, k_scales=ks,
+                                         v_scales=vs)
+    rel = (out.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
+    assert rel <= (1e-6 if dtype == torch.float32 else 2e-3)  # float16: the output's own rounding
+    with pytest.raises(ValueError, match="k_scales"):
+        kernels.paged_decode(q, kc, vc, tables, lens, scale=1.0, max_len=160)
+
+
 def test_splits_bound():
     assert triton_attention.num_splits(100, block_n=64, min_part=64) == (2, 64)
     s, part = triton_attention.num_splits(40960, block_n=64)
@@ -81,12 +105,13 @@ def test_kernel_ignores_keys_past_the_length(kernels, block_n):
     assert (out - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("window", [None, 9])
-def test_static_backend_kernel_vs_paged_backend(kernels, window):
-    """Decode rows through the paged cache: the kernel path equals the engine's torch decode path."""
+@pytest.mark.parametrize("window,dtype", [(None, "float32"), (9, "float32"), (9, "int8")])
+def test_static_backend_kernel_vs_paged_backend(kernels, window, dtype):
+    """Decode rows through the paged cache: the kernel path equals the engine's torch decode path (an int8 cache:
+    both read the same codes and scales)."""
     g = torch.Generator().manual_seed(2)
     bs, hkv, H, D = 16, 2, 6, 16
-    cache = PagedKVCache([KVLayer(0, hkv, D)], 24, bs)
+    cache = PagedKVCache([KVLayer(0, hkv, D)], 24, bs, dtype=dtype)
     lens = [5, 33, 17, 48]
     tables, free = [], list(torch.randperm(24, generator=g).tolist())
     for n in lens:
@@ -145,6 +170,39 @@ def test_mixed_step_decode_rows_take_the_kernel(kernels, monkeypatch, window, so
     # steps 1-3: their decode rows (step 0 has none); step 3's lone decode on the CPU is the native kernel's unless
     # soft-capped
     assert calls == ([2, 3] if softcap is None else [2, 3, 1])
+
+
+def test_mixed_step_int8_cache_takes_the_kernel(kernels, monkeypatch):
+    """With an int8 cache the decode rows of mixed steps read codes and scales in place through the kernel; each
+    step equals the gather path (which dequantizes the same codes) on a twin cache."""
+    from inferflow.engine import paged_rows
+
+    monkeypatch.setattr(paged_rows, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(PagedAttentionBackend, "_native_rows", lambda *a, **kw: None)
+    monkeypatch.setattr(PagedAttentionBackend, "_native_decode", lambda *a, **kw: None)
+    calls = []
+    real = kernels.paged_decode
+    monkeypatch.setattr(kernels, "paged_decode", lambda q, *a, **kw: calls.append(kw["k_scales"].dtype)
+                        or real(q, *a, **kw))
+    g = torch.Generator().manual_seed(12)
+    twins = [PagedKVCache([KVLayer(0, 2, 16)], 40, 4, dtype="int8", compute_dtype=torch.float32) for _ in "ab"]
+    tables, done = [[3, 7, 30], [9, 1, 12, 20], [4, 5, 6]], [0, 0, 0]
+    for take in ([5, 9, 0], [1, 1, 6], [1, 1, 1]):
+        rows = [i for i, n in enumerate(take) if n]
+        q, k, v = torch.randn(sum(take), 4, 16, generator=g), *(torch.randn(sum(take), 2, 16, generator=g) for _ in "kv")
+        ctx = ForwardContext(positions=torch.zeros(sum(take), dtype=torch.long), q_lens=[take[i] for i in rows],
+                             k_lens=[done[i] + take[i] for i in rows], backend=None)
+        outs = []
+        for cache, ok in zip(twins, (True, False)):
+            monkeypatch.setitem(paged_rows._kernel, "ok", ok)
+            t = [tables[i] for i in rows]
+            slots = cache.slot_mapping(t, [done[i] for i in rows], [take[i] for i in rows])
+            outs.append(PagedAttentionBackend(cache, t, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.3,
+                                                                              window=6))
+        assert (outs[0] - outs[1]).abs().max().item() <= 1e-5
+        for i in rows:
+            done[i] += take[i]
+    assert calls == [torch.float32, torch.float32]  # the two steps with decode rows
 
 
 def test_mixed_step_kernel_failure_falls_back(kernels, monkeypatch):

@@ -116,4 +116,56 @@ def kernel_check(device: str, small: bool = False, dtype: torch.dtype = torch.bf
     out["fused_kv_write fp8"] = None if not ok else max(
         (raw(kf)[slots].view(f8).float() - k3[:B].to(f8).float()).abs().max().item(),
         (raw(vf)[slots].view(f8).float() - v3[:B].to(f8).float()).abs().max().item())
+    # an int8 cache: the write kernel's codes and scales against quantize_int8's (count of differing elements: 0
+    # wanted), and the kernel reading them with their scales against the dequantized reference
+    from inferflow.engine.kv_store import quantize_int8
+
+    kf, vf = (torch.zeros(nb * bs, hkv, D, device=device, dtype=torch.int8) for _ in range(2))
+    ks, vs = (torch.zeros(nb * bs, hkv, device=device) for _ in range(2))
+    ok = triton_kv_write.write_kv_int8(kf, vf, ks, vs, slots, k3[:B], v3[:B])
+    (qk, sk), (qv, sv) = quantize_int8(k3[:B]), quantize_int8(v3[:B])
+    out["fused_kv_write int8 (elements differing)"] = None if not ok else int(
+        (kf[slots] != qk).sum() + (vf[slots] != qv).sum() + (ks[slots] != sk).sum() + (vs[slots] != sv).sum())
+    (kq, kqs), (vq, vqs) = quantize_int8(kc.view(-1, hkv, D)), quantize_int8(vc.view(-1, hkv, D))
+    o = ta.paged_decode(qo, kq.view(kc.shape), vq.view(vc.shape), tables, lens, scale=D ** -0.5, max_len=width * bs,
+                        k_scales=kqs, v_scales=vqs)
+    r = ta.paged_decode_reference(qo, kq.view(kc.shape), vq.view(vc.shape), tables, lens, scale=D ** -0.5,
+                                  k_scales=kqs, v_scales=vqs)
+    out["paged_decode int8"] = (o.float() - r.float()).abs().max().item()
+    # the one-kernel q/k norm + RoPE + store + attention over an int8 cache, against those steps composed (the
+    # composition quantizes the composed k and v as the cache's write does)
+    kf, vf, kfs, vfs = kq.clone(), vq.clone(), kqs.clone(), vqs.clone()
+    fused = ta.paged_decode_norm_rope(qkv[:B], H, norms[0].weight, norms[1].weight, 1e-6, 0.0, False, cos.view(B, D),
+                                      sin.view(B, D), slots, kf.view(kc.shape), vf.view(vc.shape), tables, lens,
+                                      scale=D ** -0.5, max_len=width * bs, k_scales=kfs, v_scales=vfs)
+    kr, vr, krs, vrs = kq.clone(), vq.clone(), kqs.clone(), vqs.clone()
+    (kr[slots], krs[slots]), (vr[slots], vrs[slots]) = quantize_int8(ko.reshape(B, hkv, D)), \
+        quantize_int8(vv.reshape(B, hkv, D))
+    r = ta.paged_decode_reference(qo, kr.view(kc.shape), vr.view(vc.shape), tables, lens, scale=D ** -0.5,
+                                  k_scales=krs, v_scales=vrs)
+    out["fused_norm_rope_attention int8"] = max(
+        (fused.float() - r.float()).abs().max().item(),
+        (kf.float() * kfs[..., None] - kr.float() * krs[..., None]).abs().max().item(),
+        (vf.float() * vfs[..., None] - vr.float() * vrs[..., None]).abs().max().item())
+    # the q/k norm + RoPE launch that also stores k and v (the static decode step's claim), into an int8 cache:
+    # codes and scales against quantize_int8 of its own k and of v (elements differing: 0 wanted)
+    from types import SimpleNamespace
+
+    from inferflow.engine.kv_cache import KVLayer, PagedKVCache
+
+    cache = PagedKVCache([KVLayer(7, hkv, D)], nb, bs, dtype="int8", compute_dtype=dtype, device=device)
+    ctx = ForwardContext(positions=lens - 1, q_lens=[1] * B, k_lens=lens.tolist(),
+                         backend=SimpleNamespace(cache=cache, slots=slots))
+    ctx.position = rope
+    qq, kk, vv = qkv[:B].split([H * D, hkv * D, hkv * D], -1)
+    got = fused_qk_rope.norm_rope(SimpleNamespace(**vars(attn), cache_key=7), qq, kk, ctx, vv)
+    if got is None or cache._claimed is None:
+        out["fused_qk_norm_rope int8 store (elements differing)"] = None
+    else:
+        (qk, sk), (qv, sv) = quantize_int8(got[1]), quantize_int8(vv.reshape(B, hkv, D))
+        st = cache._dev[7]
+        ks, vs = cache.scale_stores(7)
+        kf, vf = st.k.view(-1, hkv, D), st.v.view(-1, hkv, D)
+        out["fused_qk_norm_rope int8 store (elements differing)"] = int(
+            (kf[slots] != qk).sum() + (vf[slots] != qv).sum() + (ks[slots] != sk).sum() + (vs[slots] != sv).sum())
     return out

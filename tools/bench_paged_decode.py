@@ -28,9 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inferflow.engine import triton_attention as ta  # noqa: E402
+from inferflow.engine.kv_store import quantize_int8  # noqa: E402
 
 H, HKV, D, BS = 32, 8, 128, 16
-FP8 = torch.float8_e4m3fn
+FP8, INT8 = torch.float8_e4m3fn, torch.int8
 VARIANTS: dict[str, dict[str, Any]] = {
     "new": {},
     "n32": {"block_n": 32},
@@ -68,11 +69,20 @@ def make_case(B: int, lens: list[int], max_len: int, layers: int, g: torch.Gener
               dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     width = -(-max_len // BS)
     nb = B * width
-    caches = [tuple(torch.randn(nb, BS, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16).to(dtype)
-                    for _ in "kv") for _ in range(layers)]
+    caches = [cache_pair(nb, g, dtype) for _ in range(layers)]
     tables = torch.randperm(nb, device="cuda", generator=g).view(B, width)
     q = torch.randn(B, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
     return {"caches": caches, "tables": tables, "lens": torch.tensor(lens, device="cuda"), "q": q, "max_len": max_len}
+
+
+def cache_pair(nb: int, g: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """K and V caches [nb, BS, HKV, D] of random values in ``dtype`` and the kernel's extra arguments (an int8
+    cache's row scales, quantized as the engine does)."""
+    x = [torch.randn(nb, BS, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in "kv"]
+    if dtype != INT8:
+        return x[0].to(dtype), x[1].to(dtype), {}
+    (kc, ks), (vc, vs) = (quantize_int8(t.view(-1, HKV, D)) for t in x)
+    return kc.view(x[0].shape), vc.view(x[0].shape), {"k_scales": ks, "v_scales": vs}
 
 
 def time_variant(fn: Any, case: dict[str, Any], reps: int = 5) -> tuple[float, float, float]:
@@ -84,9 +94,9 @@ def time_variant(fn: Any, case: dict[str, Any], reps: int = 5) -> tuple[float, f
 
     def step() -> torch.Tensor:
         outs = []
-        for kc, vc in case["caches"]:
+        for kc, vc, kw in case["caches"]:
             scratch.fill_(1)
-            outs.append(fn(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=ml))
+            outs.append(fn(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=ml, **kw))
         return outs[0]
 
     s = torch.cuda.Stream()
@@ -111,17 +121,19 @@ def time_variant(fn: Any, case: dict[str, Any], reps: int = 5) -> tuple[float, f
             us += e.device_time_total
             n += 1
     calls = reps * len(case["caches"])
-    kc, vc = case["caches"][0]
-    ref = ta.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5)
+    kc, vc, kw = case["caches"][0]
+    ref = ta.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, **kw)
     return (out.float() - ref.float()).abs().max().item(), us / calls, n / calls
 
 
 def features() -> dict[str, float]:
-    """Soft-cap, window, fp16, ragged lengths, both merge paths: max |diff| against the reference."""
+    """Soft-cap, window, fp16, fp8 and int8 caches, ragged lengths, both merge paths: max |diff| against the
+    reference."""
     g = torch.Generator(device="cuda").manual_seed(5)
     out = {}
-    for dt, cdt in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.bfloat16, FP8)):
-        kc, vc = (torch.randn(1200, BS, HKV, D, device="cuda", generator=g).to(cdt) for _ in range(2))
+    for dt, cdt in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.bfloat16, FP8),
+                    (torch.bfloat16, INT8)):
+        kc, vc, sc = cache_pair(1200, g, cdt)
         for B in (1, 3, 64):
             q = torch.randn(B, H, D, device="cuda", generator=g).to(dt)
             lens = torch.randint(1, 2048, (B,), device="cuda", generator=g)
@@ -129,10 +141,11 @@ def features() -> dict[str, float]:
             tables = torch.stack([torch.randperm(1200, device="cuda", generator=g)[:128] for _ in range(B)])
             for name, kw in {"plain": {}, "softcap": {"softcap": 30.0}, "window": {"window": 100},
                              "merge-kernel": {"ticket": False}, "part32": {"min_part": 32, "block_n": 32}}.items():
-                o = ta.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=2048, **kw)
+                o = ta.paged_decode(q, kc, vc, tables, lens, scale=D ** -0.5, max_len=2048, **kw, **sc)
                 kw = {k: v for k, v in kw.items() if k in ("softcap", "window")}
-                r = ta.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, **kw)
-                out[f"{dt} {'fp8 cache ' if cdt == FP8 else ''}B{B} {name}"] = (o.float() - r.float()).abs().max().item()
+                r = ta.paged_decode_reference(q, kc, vc, tables, lens, scale=D ** -0.5, **kw, **sc)
+                tag = {FP8: "fp8 cache ", INT8: "int8 cache "}.get(cdt, "")
+                out[f"{dt} {tag}B{B} {name}"] = (o.float() - r.float()).abs().max().item()
     return out
 
 
@@ -197,7 +210,8 @@ def main() -> int:
              "b64 ragged<=1000": (64, torch.randint(1, 1000, (64,)).tolist(), 1040), "b8 L136": (8, [136] * 8, 288),
              "b1 L1024": (1, [1024], 1040), "b16 L512": (16, [512] * 16, 528),
              "b256 L640": (256, [640] * 256, 656), "b256 L640 fp8": (256, [640] * 256, 656, FP8),
-             "b64 ragged<=1000 fp8": (64, torch.randint(1, 1000, (64,)).tolist(), 1040, FP8)}
+             "b64 ragged<=1000 fp8": (64, torch.randint(1, 1000, (64,)).tolist(), 1040, FP8),
+             "b256 L640 int8": (256, [640] * 256, 656, INT8), "b1 L4000 int8": (1, [4000], 4112, INT8)}
     fns = {}
     if a.old:
         fns["old"] = load_old(a.old).paged_decode

@@ -107,10 +107,10 @@ class PagedKVCache(SlotIndexing, BlockCopies):
     # ---- write / read ---------------------------------------------------------------------------
     def claim_write(self, key: int, slots: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Layer ``key``'s flat K/V stores [S, Hkv, D] for a kernel that stores ``k`` (and its v) at ``slots`` itself
-        (model/fused_qk_rope.py); the next ``write`` of these very tensors is then skipped. None: write as usual
-        (quantized stores, another device)."""
+        (model/fused_qk_rope.py; an int8 cache's row scales come from ``scale_stores``); the next ``write`` of these
+        very tensors is then skipped. None: write as usual (another device)."""
         st = self._dev.get(key)
-        if st is None or self.quantized or st.k.device != slots.device or st.k.device != k.device:
+        if st is None or st.k.device != slots.device or st.k.device != k.device:
             return None
         self._claimed = (key, slots, k)
         return st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
@@ -139,11 +139,17 @@ class PagedKVCache(SlotIndexing, BlockCopies):
             k, v = k.to(st.device), v.to(st.device)
         kf, vf = st.k.view(-1, *st.k.shape[2:]), st.v.view(-1, *st.v.shape[2:])
         if self.quantized:
+            ks, vs = self.scale_stores(key)
+            if kf.is_cuda:  # quantized and stored in one launch: triton_kv_write.py
+                from .triton_kv_write import write_kv_int8
+
+                if write_kv_int8(kf, vf, ks, vs, slots, k, v):
+                    return
             (qk, sk), (qv, sv) = quantize_int8(k), quantize_int8(v)
             kf.index_copy_(0, slots, qk)
             vf.index_copy_(0, slots, qv)
-            st.ks.view(-1, st.ks.shape[2]).index_copy_(0, slots, sk)
-            st.vs.view(-1, st.vs.shape[2]).index_copy_(0, slots, sv)
+            ks.index_copy_(0, slots, sk)
+            vs.index_copy_(0, slots, sv)
         else:
             if kf.is_cuda:  # K and V in one launch instead of two index_copy_ (+ casts): triton_kv_write.py
                 from .triton_kv_write import write_kv

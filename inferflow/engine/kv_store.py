@@ -1,14 +1,14 @@
 """One KV layer's storage in one tier (``LayerStore``), the storage dtypes and int8 quantisation.
 
-Storage dtypes: float32/float16/bfloat16 store K/V as is (converted on write and on gather). ``int8``
-stores symmetric per-token-per-head absmax quantised values ``q = round(x * 127 / absmax(x[token, head]))``
-plus one float32 scale per token and head, dequantised to the compute dtype on gather. True cost:
-8 + 32 / head_dim bits per element (8.25 for D = 128), i.e. ``2 * Hkv * (D + 4)`` bytes per token per
-layer against ``2 * Hkv * D * 2`` for float16. float32 scales avoid float16's subnormal range for small K/V.
-int8 is a capacity feature (twice the tokens of float16): PyTorch's int8 -> float conversion is slow
-on GPU, so a step over int8 blocks takes longer than over float16 ones (~0.9 vs ~0.2 ms per layer for
-64 x 1k tokens on an H200) until a fused dequantising kernel replaces the gather. On the CPU the C decode kernels
-read int8 rows in place, each dot product times its row's scale (native/paged_attention.h).
+Storage dtypes: float32/float16/bfloat16 store K/V as is (converted on write and on gather). ``int8`` stores
+symmetric per-token-per-head absmax quantised values ``q = round(x / scale)``, ``scale = absmax(x[token, head]) *
+(1 / 127)``, plus that float32 scale per token and head, dequantised to the compute dtype on gather. True cost:
+8 + 32 / head_dim bits per element (8.25 for D = 128), i.e. ``2 * Hkv * (D + 4)`` bytes per token per layer against
+``2 * Hkv * D * 2`` for float16. float32 scales avoid float16's subnormal range for small K/V. int8 holds about twice
+the tokens of float16 and decodes about as fast: the decode kernels read the codes in place, each score times its
+key's scale and each softmax weight times its value's (CUDA: triton_attention.py, with new rows quantized in the
+launch that stores them, triton_kv_write.py; CPU: native/paged_attention.h). Prefill chunks on cached keys still
+gather and dequantize.
 ``fp8`` stores K/V as float8 e4m3 (vLLM's ``kv_cache_dtype="fp8"`` with unit scales): one byte per element, values
 rounded to 3 mantissa bits and saturated at +-448 on write, widened to the compute dtype on read. The paged decode
 kernels read it in place (CUDA: triton_attention.py; CPU: native/paged_attention.h), so decode attention streams half
@@ -102,6 +102,8 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, H, D] -> int8 values and float32 scales [N, H] (symmetric absmax per token and head)."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1) / 127.0
+    # a multiply by float32(1 / 127), not a division: what torch computes for "/ 127.0" on CUDA (on the CPU it
+    # divides), so the codes and scales are the same on every device and in every kernel that writes them
+    scale = xf.abs().amax(dim=-1) * (1.0 / 127.0)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.round(xf / scale[..., None]).clamp_(-127, 127).to(torch.int8), scale

@@ -2,11 +2,12 @@
 
 Three ways, first that applies: on the CPU a pure-decode step's K/V write and attention are one native call
 (``native/cpu_ops.py``), and so are the decode rows and the chunks on cached keys (prefix-cache hits, speculative
-verification, a long prompt's later chunks: each token a decode row over its causal limit) of any other step; on CUDA the Triton paged decode kernel (``triton_attention.paged_decode``, the kernel of
-the decode graphs) reads each row's keys in place through its block table, so a mixed step's decode rows need no
-gather; otherwise one padded gather of the rows' K/V and one SDPA call with a per-row key mask (windows, ALiBi /
-relative biases, int8 or host-resident K/V). That gather path costs ~0.21 ms per layer on an H200 for 64 rows of 1k
-keys (bf16, 8 KV heads x 128): the K/V read and written once, then read again by SDPA.
+verification, a long prompt's later chunks: each token a decode row over its causal limit) of any other step; on
+CUDA the Triton paged decode kernel (``triton_attention.paged_decode``, the kernel of the decode graphs) reads each
+row's keys in place through its block table, so a mixed step's decode rows need no gather; otherwise one padded
+gather of the rows' K/V and one SDPA call with a per-row key mask (ALiBi / relative biases, host-resident K/V). That
+gather path costs ~0.21 ms per layer on an H200 for 64 rows of 1k keys (bf16, 8 KV heads x 128): the K/V read and
+written once, then read again by SDPA.
 """
 from __future__ import annotations
 
@@ -177,12 +178,11 @@ class DecodeRows:
     def _decode_kernel(self, key: int, p: Any, q: torch.Tensor, scale: float, window: int | None,
                        softcap: float | None) -> torch.Tensor | None:
         """The decode rows through the Triton paged kernel, K/V read in place; None where it does not apply (another
-        device, int8 or host-resident K/V, Triton missing, an earlier failure of the kernel)."""
+        device, host-resident K/V, Triton missing, an earlier failure of the kernel)."""
         kv = self.cache
         store = kv._dev[key]
-        if (not _kernel["ok"] or q.device.type not in KERNEL_DEVICES or kv.quantized or store.device != q.device
-                or not store.k.is_floating_point()):  # other dtypes' tiles widen to q's in the kernel
-            return None
+        if not _kernel["ok"] or q.device.type not in KERNEL_DEVICES or store.device != q.device:
+            return None  # narrower float tiles widen to q's dtype in the kernel; int8 ones come with their scales
         from . import triton_attention
 
         if not triton_attention.available(q.device):
@@ -195,8 +195,9 @@ class DecodeRows:
         tab = self._on(p, "dec_table", q.device, lambda: kv.table_tensor(rows, lens, torch.device("cpu"), 16))
         cnt = self._on(p, "dec_lens", q.device, lambda: torch.tensor(lens))
         try:
+            ks, vs = kv.scale_stores(key) or (None, None)
             return triton_attention.paged_decode(q, store.k, store.v, tab, cnt, scale=scale, max_len=p.lmax,
-                                                 softcap=softcap, window=window)
+                                                 softcap=softcap, window=window, k_scales=ks, v_scales=vs)
         except Exception as e:  # noqa: BLE001 - a compiler or driver problem: the gather path from now on
             _kernel["ok"] = False
             why = f"{type(e).__name__}: {e}"

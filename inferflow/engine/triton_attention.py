@@ -15,10 +15,12 @@ while a CUDA graph captures before the ticket buffer exists). Programs past thei
 The tickets are one buffer per device: calls on concurrently running streams of one device must not overlap.
 Tiles: 64 keys while the (sequence, KV head) programs are fewer than the SMs, 32 once they fill the GPU.
 
-Supports the logit soft-cap and a sliding window (keys ``k_pos > q_pos - window``, ``q_pos = len - 1``); heads
-smaller than ``tl.dot``'s minimum are padded (masked). Additive position biases (ALiBi, relative buckets) stay on
-the torch path (``paged_backend.py``). ``paged_decode_reference`` is the same computation in torch (CPU fallback
-and test oracle).
+K/V: float caches read as they are (narrower tiles widened to the queries' dtype; fp8 to fp16, in which the dot
+products then run), or an int8 cache with its per-row float32 scales (codes widened exactly; each key's scale
+multiplies its scores, each value's its softmax weights). Supports the logit soft-cap and a sliding window (keys
+``k_pos > q_pos - window``, ``q_pos = len - 1``); heads smaller than ``tl.dot``'s minimum are padded (masked).
+Additive position biases (ALiBi, relative buckets) stay on the torch path (``paged_backend.py``).
+``paged_decode_reference`` is the same computation in torch (CPU fallback and test oracle).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def available(device: torch.device) -> bool:
 
 if triton is not None:
     from ..model.fused_qk_rope import norm_rope_halves
+    from .triton_kv_write import q8_codes, q8_scale
 
     @triton.jit
     def _seq_split(length, window, S, min_part, HAS_WIN: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -87,14 +90,15 @@ if triton is not None:
         return tl.load(row + offs // BS, mask=offs < end, other=0).to(tl.int64) * BS + offs % BS
 
     @triton.jit
-    def _walk(q, K, V, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d, dmask,
-              BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_CAP: tl.constexpr, PREC: tl.constexpr):
+    def _walk(q, K, V, KS, VS, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h, ss_s, offs_d,
+              dmask, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_CAP: tl.constexpr, PREC: tl.constexpr, HAS_SCALE: tl.constexpr):
         """Online softmax (max, sum, unnormalised output) of the G query rows ``q`` over keys [start, end) read
         through the block-table row ``row`` (``slot``: the first tile's, loaded by the caller); each next tile's
         block ids are loaded while the current tile computes. (Measured on an H200: double-buffering the K/V tiles
         in registers, or loading the first tile before the sequence length arrives, was slower than this plain
-        loop.)"""
+        loop.) HAS_SCALE: an int8 cache, each key's and value's float32 row scale (KS, VS [slot, Hkv]) multiplies
+        its scores and its softmax weights; the codes widen exactly to q's dtype."""
         m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -105,8 +109,13 @@ if triton is not None:
             # tiles in the queries' dtype: an fp8 cache (or fp16 under float32 queries) widens here, as a gather would
             k = tl.load(K + slot[:, None] * sk_s + kvh * sk_h + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
             v = tl.load(V + slot[:, None] * sv_s + kvh * sv_h + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            if HAS_SCALE:
+                ks = tl.load(KS + slot * ss_s + kvh, mask=nmask, other=0.0)
+                vs = tl.load(VS + slot * ss_s + kvh, mask=nmask, other=0.0)
             slot = _slots(row, offs_n + BLOCK_N, end, BS)  # the next tile's, fetched while this tile computes
             qk = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * scale
+            if HAS_SCALE:
+                qk = qk * ks[None, :]
             if HAS_CAP:  # tanh(x / c) * c, tanh written with exp (portable to the interpreter)
                 qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
             qk = tl.where(nmask[None, :], qk, float("-inf"))
@@ -114,17 +123,20 @@ if triton is not None:
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
+            if HAS_SCALE:
+                p = p * vs[None, :]
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC).to(tl.float32)
             m_i = m_new
         return m_i, l_i, acc
 
     @triton.jit
-    def _split(Q, K, V, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, start, part, length, nsplit, scale, softcap,
-               sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+    def _split(Q, K, V, KS, VS, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, start, part, length, nsplit, scale,
+               softcap, sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, ss_s, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
                WQ, WK, C, S, sc, SLOTS, eps, offset, H, HKV,
                G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
                BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr, TICKET: tl.constexpr,
-               FUSED: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
+               FUSED: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+               HAS_SCALE: tl.constexpr):
         """Split ``s`` of one (sequence, KV head): keys [start, start + part) of its ``length``. FUSED: ``Q`` is
         the raw q|k|v row; q and this step's k are normalized and rotated here (fused_qk_rope's arithmetic). The
         last split, which holds the new key, walks the cached keys before it, adds the new key from registers and
@@ -157,6 +169,8 @@ if triton is not None:
                                     sn[None, :], sn[None, :], offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
             if K.dtype.element_ty.is_fp8():  # an fp8 cache: fp16 dot products (below)
                 q = q.to(tl.float16)
+            elif HAS_SCALE:  # an int8 cache: its codes widen to the activations' dtype
+                q = q.to(dt)
             else:
                 q = q.to(K.dtype.element_ty)
         else:
@@ -167,8 +181,8 @@ if triton is not None:
                 # an fp8 cache: the dot products in fp16, which holds every e4m3 value exactly and bf16 q exactly
                 # within its normal range; one instruction widens a pair of fp8 values to fp16, not so to bf16
                 q = q.to(tl.float16)
-        m_i, l_i, acc = _walk(q, K, V, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h, offs_d,
-                              dmask, BLOCK_G, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC)
+        m_i, l_i, acc = _walk(q, K, V, KS, VS, row, kvh, start, end, slot, scale, softcap, sk_s, sk_h, sv_s, sv_h,
+                              ss_s, offs_d, dmask, BLOCK_G, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC, HAS_SCALE)
         if FUSED:
             if last:  # this step's k (normalized, rotated) and v: one more online-softmax step, then the store
                 hk = qkv + (H + kvh) * D
@@ -177,20 +191,34 @@ if triton is not None:
                                          1.0 / tl.sqrt(tl.sum(kx * kx, 0) / D + eps),
                                          tl.load(WK + offs_d).to(tl.float32), tl.load(WK + part_d).to(tl.float32),
                                          c, c, sn, sn, offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
-                kn = kn.to(K.dtype.element_ty)  # as the cache holds them
-                vn = tl.load(qkv + (H + HKV + kvh) * D + offs_d).to(V.dtype.element_ty)
+                vx = tl.load(qkv + (H + HKV + kvh) * D + offs_d)
+                if HAS_SCALE:  # an int8 cache: quantized as its write quantizes, used as its reads widen
+                    ksc = q8_scale(tl.max(tl.abs(kn.to(tl.float32)), 0))
+                    kn = q8_codes(kn.to(tl.float32), ksc)
+                    vsc = q8_scale(tl.max(tl.abs(vx.to(tl.float32)), 0))
+                    vn = q8_codes(vx.to(tl.float32), vsc)
+                else:
+                    kn = kn.to(K.dtype.element_ty)  # as the cache holds them
+                    vn = vx.to(V.dtype.element_ty)
                 qk = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
+                if HAS_SCALE:
+                    qk = qk * ksc
                 if HAS_CAP:
                     qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
                 m_new = tl.maximum(m_i, qk)
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(qk - m_new)
                 l_i = l_i * alpha + p
+                if HAS_SCALE:
+                    p = p * vsc
                 acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * vn.to(tl.float32)[None, :]
                 m_i = m_new
                 at = tl.load(SLOTS + b).to(tl.int64)
                 tl.store(K + at * sk_s + kvh * sk_h + offs_d, kn)
                 tl.store(V + at * sv_s + kvh * sv_h + offs_d, vn)
+                if HAS_SCALE:
+                    tl.store(KS + at * ss_s + kvh, ksc)
+                    tl.store(VS + at * ss_s + kvh, vsc)
         omask = gmask[:, None] & dmask[None, :]
         if nsplit == 1:  # the whole sequence in this program: the final rows
             den = tl.where(l_i > 0, l_i, 1.0)
@@ -209,23 +237,24 @@ if triton is not None:
                     tl.atomic_xchg(t, 0)
 
     @triton.jit
-    def _decode_part(Q, K, V, Tables, Lens, Mo, Lo, Ao, Out, Tick, scale, softcap, window, min_part,
-                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+    def _decode_part(Q, K, V, KS, VS, Tables, Lens, Mo, Lo, Ao, Out, Tick, scale, softcap, window, min_part,
+                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, ss_s, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
                      WQ, WK, C, S_, sc, SLOTS, eps, offset, H, HKV,
                      S, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      BS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WIN: tl.constexpr,
                      PREC: tl.constexpr, TICKET: tl.constexpr, FUSED: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr,
-                     HAS_OFFSET: tl.constexpr):
+                     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
         length = tl.load(Lens + b).to(tl.int32)
         first, part, nsplit = _seq_split(length, window, S, min_part, HAS_WIN, BLOCK_N)
         if s < nsplit:  # programs past this sequence's split count exit at once
-            _split(Q, K, V, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, first + s * part, part, length, nsplit, scale,
-                   softcap, sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
+            _split(Q, K, V, KS, VS, Tables, Mo, Lo, Ao, Out, Tick, b, kvh, s, first + s * part, part, length, nsplit,
+                   scale, softcap, sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, ss_s, st_b, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h,
                    WQ, WK, C, S_, sc, SLOTS, eps, offset, H, HKV,
-                   G, BLOCK_G, D, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC, TICKET, FUSED, WEIGHT_IN_FLOAT, HAS_OFFSET)
+                   G, BLOCK_G, D, BLOCK_D, BS, BLOCK_N, HAS_CAP, PREC, TICKET, FUSED, WEIGHT_IN_FLOAT, HAS_OFFSET,
+                   HAS_SCALE)
 
     @triton.jit
     def _decode_merge(Lens, Mo, Lo, Ao, Out, window, min_part, sm_b, sm_h, sa_b, sa_h, sa_s, so_b, so_h, S,
@@ -279,9 +308,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None = None,
                  window: int | None = None, block_n: int | None = None, min_part: int = MIN_PART,
                  max_splits: int = MAX_SPLITS, num_warps: int = NUM_WARPS, num_stages: int | None = None,
-                 ticket: bool = True) -> torch.Tensor:
+                 ticket: bool = True, k_scales: torch.Tensor | None = None,
+                 v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, D]; k/v_cache: [num_blocks, block_size, Hkv, D]; tables: [B, W] block ids (int32/int64);
-    lens: [B] keys per sequence (>= 1, <= max_len). Returns [B, H, D] in q's dtype.
+    lens: [B] keys per sequence (>= 1, <= max_len). Returns [B, H, D] in q's dtype. An int8 cache comes with its
+    float32 row scales ``k_scales``, ``v_scales`` [num_blocks * block_size, Hkv] (kv_cache.scale_stores).
 
     ``max_len`` fixes the grid (a bound on ``lens``, not its value), so a captured graph stays valid.
     ``ticket=False`` merges multi-split sequences in a second kernel instead of in the last program. ``block_n``
@@ -292,31 +323,42 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     q = q.contiguous()
     return _launch(q, q.shape[1], None, k_cache, v_cache, tables, lens, scale=scale, max_len=max_len,
                    softcap=softcap, window=window, block_n=block_n, min_part=min_part, max_splits=max_splits,
-                   num_warps=num_warps, num_stages=num_stages, ticket=ticket)
+                   num_warps=num_warps, num_stages=num_stages, ticket=ticket, scales=(k_scales, v_scales))
 
 
 def paged_decode_norm_rope(qkv: torch.Tensor, heads: int, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                            offset: float, weight_in_float: bool, cos: torch.Tensor, sin: torch.Tensor,
                            slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                            lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None = None,
-                           window: int | None = None, min_part: int = MIN_PART) -> torch.Tensor:
+                           window: int | None = None, min_part: int = MIN_PART, k_scales: torch.Tensor | None = None,
+                           v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`paged_decode` of the decode rows' raw q|k|v projections [B, (H + 2 Hkv) D] in one launch with what
     runs before it: per-head RMSNorm of q and k (weights ``q_norm``, ``k_norm`` [D]), rotate-half RoPE (``cos``,
     ``sin`` rows [B, D]) and the store of this step's k and v at ``slots`` [B] (``fused_qk_rope``'s kernel, with
-    its roundings). Each sequence's new key is the last of its ``lens``. D a power of two, at least 16."""
+    its roundings; into an int8 cache with its ``k_scales``, ``v_scales``: quantized as ``quantize_int8``). Each
+    sequence's new key is the last of its ``lens``. D a power of two, at least 16."""
     B, width = qkv.shape
     d = k_cache.shape[-1]
     fused = (q_norm, k_norm, float(eps), float(offset), bool(weight_in_float), cos, sin, slots, width)
     return _launch(qkv, heads, fused, k_cache, v_cache, tables, lens, scale=scale, max_len=max_len,
-                   softcap=softcap, window=window, min_part=min_part, q_strides=(qkv.stride(0), d))
+                   softcap=softcap, window=window, min_part=min_part, q_strides=(qkv.stride(0), d),
+                   scales=(k_scales, v_scales))
 
 
 def _launch(q: torch.Tensor, H: int, fused: tuple | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
             tables: torch.Tensor, lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None,
             window: int | None, block_n: int | None = None, min_part: int = MIN_PART, max_splits: int = MAX_SPLITS,
             num_warps: int = NUM_WARPS, num_stages: int | None = None, ticket: bool = True,
-            q_strides: tuple[int, int] | None = None) -> torch.Tensor:
+            q_strides: tuple[int, int] | None = None,
+            scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> torch.Tensor:
     B = q.shape[0]
+    ks, vs = scales
+    if (ks is None) != (k_cache.dtype != torch.int8) or (vs is None) != (ks is None):
+        raise ValueError(f"paged_decode: an int8 cache needs k_scales and v_scales, other dtypes none "
+                         f"(cache {k_cache.dtype}, scales given: {ks is not None}, {vs is not None})")
+    if ks is not None and (ks.shape != vs.shape or ks.stride(1) != 1 or vs.stride() != ks.stride()):
+        raise ValueError(f"paged_decode: k_scales / v_scales must be [slots, Hkv] rows of one layout, got "
+                         f"{tuple(ks.shape)} / {tuple(vs.shape)}")
     _, bs, hkv, D = k_cache.shape
     G = H // hkv
     dev = q.device
@@ -350,15 +392,16 @@ def _launch(q: torch.Tensor, H: int, fused: tuple | None, k_cache: torch.Tensor,
     # the dtype the dot products run in: q's, or the fused path's (the cache's, unless 8-bit: then q's)
     adt = q.dtype if fused is None or k_cache.element_size() == 1 else k_cache.dtype
     _decode_part[(B, hkv, S)](
-        q, kf, vf, tables, lens, m, l_, a, out, tick if tick is not None else out, float(scale),
+        q, kf, vf, out if ks is None else ks, out if vs is None else vs, tables, lens, m, l_, a, out, tick if tick is not None else out, float(scale),
         float(softcap or 1.0), win, min_part,
         *(q_strides or (q.stride(0), q.stride(1))), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-        tables.stride(0), *sm, *sa, out.stride(0), out.stride(1),
+        0 if ks is None else ks.stride(0), tables.stride(0), *sm, *sa, out.stride(0), out.stride(1),
         wq, wk, cos, sin, sc, slots, eps, offset, H, hkv, S,
         G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BS=bs, BLOCK_N=block_n,
         HAS_CAP=softcap is not None, HAS_WIN=window is not None,
         PREC="ieee" if adt == torch.float32 else "tf32", TICKET=tick is not None,
-        FUSED=fused is not None, WEIGHT_IN_FLOAT=in_float, HAS_OFFSET=bool(offset), num_warps=num_warps, **extra)
+        FUSED=fused is not None, WEIGHT_IN_FLOAT=in_float, HAS_OFFSET=bool(offset), HAS_SCALE=ks is not None,
+        num_warps=num_warps, **extra)
     if S > 1 and tick is None:
         _decode_merge[(B, hkv)](lens, m, l_, a, out, win, min_part, *sm, *sa, out.stride(0), out.stride(1), S,
                                 G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, HAS_WIN=window is not None,
@@ -368,14 +411,21 @@ def _launch(q: torch.Tensor, H: int, fused: tuple | None, k_cache: torch.Tensor,
 
 def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                            lens: torch.Tensor, *, scale: float, softcap: float | None = None,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None, k_scales: torch.Tensor | None = None,
+                           v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """The same result in torch, in float32 (the oracle of the kernel's tests)."""
     bs, hkv = k_cache.shape[1], k_cache.shape[2]
     H = q.shape[1]
     pos = torch.arange(tables.shape[1] * bs, device=q.device)
     idx = tables.long()[:, pos // bs] * bs + pos % bs
-    k, v = (raw(c).reshape(-1, hkv, q.shape[2])[idx].view(c.dtype).float().repeat_interleave(H // hkv, dim=2)
-            for c in (k_cache, v_cache))  # [B, L, H, D]
+
+    def rows(c, sc):  # [B, L, H, D] in float32
+        x = raw(c).reshape(-1, hkv, q.shape[2])[idx].view(c.dtype).float()
+        if sc is not None:
+            x = x * sc.reshape(-1, hkv)[idx][..., None]
+        return x.repeat_interleave(H // hkv, dim=2)
+
+    k, v = rows(k_cache, k_scales), rows(v_cache, v_scales)
     s = torch.einsum("bhd,blhd->bhl", q.float(), k) * scale
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap

@@ -41,6 +41,8 @@ def wanted(x: torch.Tensor) -> bool:
 
 
 if triton is not None:
+    from ..engine.triton_kv_write import q8_codes, q8_scale
+
     @triton.jit
     def norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, dt: tl.constexpr,
                          WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr):
@@ -77,8 +79,9 @@ if triton is not None:
         return norm_rope_halves(x1, x2, rstd, w1, w2, c1, c2, s1, s2, offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
 
     @triton.jit
-    def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, SLOTS, KC, VC, HALF: tl.constexpr,
-                      WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr, WRITE_KV: tl.constexpr):
+    def _qk_norm_rope(QKV, WQ, WK, C, S, QO, KO, sx, sc, H, HKV, eps, offset, SLOTS, KC, VC, KS, VS,
+                      HALF: tl.constexpr, WEIGHT_IN_FLOAT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                      WRITE_KV: tl.constexpr, QUANT: tl.constexpr):
         r = tl.program_id(0)
         if WRITE_KV:  # q heads, k heads, then v heads (each copied to its cache slot)
             n = r // (H + 2 * HKV)
@@ -106,13 +109,25 @@ if triton is not None:
             tl.store(ko + i, o1, mask=km)
             tl.store(ko + HALF + i, o2, mask=km)
             if WRITE_KV:  # the roped k head into its cache slot too (same value, cast as the cache write does)
-                kc = KC + (tl.load(SLOTS + n).to(tl.int64) * HKV + krow) * 2 * HALF
-                tl.store(kc + i, o1.to(KC.dtype.element_ty), mask=km)
-                tl.store(kc + HALF + i, o2.to(KC.dtype.element_ty), mask=km)
+                _store_head(KC, KS, tl.load(SLOTS + n).to(tl.int64) * HKV + krow, o1, o2, i, h >= H, HALF, QUANT)
         else:
-            vc = VC + (tl.load(SLOTS + n).to(tl.int64) * HKV + (h - H - HKV)) * 2 * HALF
-            tl.store(vc + i, tl.load(base + i).to(VC.dtype.element_ty))
-            tl.store(vc + HALF + i, tl.load(base + HALF + i).to(VC.dtype.element_ty))
+            _store_head(VC, VS, tl.load(SLOTS + n).to(tl.int64) * HKV + (h - H - HKV), tl.load(base + i),
+                        tl.load(base + HALF + i), i, True, HALF, QUANT)
+
+    @triton.jit
+    def _store_head(XC, XS, row, x1, x2, i, live, HALF: tl.constexpr, QUANT: tl.constexpr):
+        """A head's halves into cache row ``row`` (only where ``live``): cast as the cache's write casts, or QUANT
+        (an int8 cache) as its write quantizes them, codes and the row's scale."""
+        m = i < tl.where(live, HALF, 0)
+        if QUANT:
+            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+            s = q8_scale(tl.maximum(tl.max(tl.abs(f1), 0), tl.max(tl.abs(f2), 0)))
+            tl.store(XC + row * 2 * HALF + i, q8_codes(f1, s), mask=m)
+            tl.store(XC + row * 2 * HALF + HALF + i, q8_codes(f2, s), mask=m)
+            tl.store(XS + row, s, mask=live)
+        else:
+            tl.store(XC + row * 2 * HALF + i, x1.to(XC.dtype.element_ty), mask=m)
+            tl.store(XC + row * 2 * HALF + HALF + i, x2.to(XC.dtype.element_ty), mask=m)
 
 
 if triton is not None:
@@ -142,10 +157,11 @@ if triton is not None:
         tl.store(ko + HALF + i, o2, mask=km)
 
 
-def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(slots, flat K store, flat V store) when this step's backend is one whose ``cache`` and per-row ``slots``
-    take the new K/V as they are (the static decode step, static_decode.py), claimed from the cache (the
-    backend's own write of ``ko`` is then skipped); None: the backend writes K/V itself."""
+def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """(slots, flat K store, flat V store, and for an int8 cache its K and V row scales) when this step's backend is
+    one whose ``cache`` and per-row ``slots`` take the new K/V as they are (the static decode step,
+    static_decode.py), claimed from the cache (the backend's own write of ``ko`` is then skipped); None: the
+    backend writes K/V itself."""
     be = ctx.backend
     cache, slots, key = getattr(be, "cache", None), getattr(be, "slots", None), getattr(attn, "cache_key", None)
     if (os.environ.get(KV_ENV, "1") == "0" or key is None or not hasattr(cache, "claim_write")
@@ -156,11 +172,13 @@ def _cache_target(attn: Any, ctx: Any, ko: torch.Tensor) -> tuple[torch.Tensor, 
     if stores is None:
         return None
     kf, vf = stores
+    scales = cache.scale_stores(key) or ()
     if not (kf.is_contiguous() and vf.is_contiguous() and kf.shape[1:] == ko.shape[1:] and vf.shape == kf.shape
-            and kf.is_floating_point() and vf.dtype == kf.dtype):
+            and (kf.is_floating_point() or (kf.dtype == torch.int8 and all(t.is_contiguous() for t in scales)
+                                            and len(scales) == 2)) and vf.dtype == kf.dtype):
         cache.release_claim()
         return None
-    return slots, kf, vf
+    return slots, kf, vf, *scales
 
 
 def cos_sin(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -201,7 +219,8 @@ def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
             and v.data_ptr() == k.data_ptr() + k.shape[1] * k.element_size()):  # v right after k in each row
         target = _cache_target(attn, ctx, ko)
     if N:
-        slots, kf, vf = target if target is not None else (ko, ko, ko)  # unused pointers when not writing
+        slots, kf, vf, *scales = target if target is not None else (ko, ko, ko)  # unused pointers when not writing
+        ks, vs = scales or (ko, ko)
         flags = dict(WEIGHT_IN_FLOAT=bool(qn.weight_in_float), HAS_OFFSET=bool(qn.offset))
         try:
             if target is None and N >= ROWS_MIN:
@@ -211,7 +230,8 @@ def norm_rope(attn: Any, q: torch.Tensor, k: torch.Tensor, ctx: Any,
             else:
                 _qk_norm_rope[(N * (h + hkv + (hkv if target is not None else 0)),)](
                     q, qn.weight, kn.weight, cos, sin, qo, ko, q.stride(0), cos.stride(0), h, hkv, float(qn.eps),
-                    float(qn.offset), slots, kf, vf, HALF=d // 2, WRITE_KV=target is not None, **flags)
+                    float(qn.offset), slots, kf, vf, ks, vs, HALF=d // 2, WRITE_KV=target is not None,
+                    QUANT=bool(scales), **flags)
         except Exception as e:  # noqa: BLE001 - any compile/launch failure: the separate ops from now on
             if target is not None:
                 ctx.backend.cache.release_claim()

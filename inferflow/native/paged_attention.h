@@ -177,14 +177,19 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
     /* a chunk's scratch fits the stack for common shapes (a malloc per task: ~5% of the op at bf16 batch 8,
        tools/profile_cpu.py --batch 8, attention vs gate/up time 0.49 -> 0.47) */
     float local[4096] __attribute__((aligned(64)));
-    const size_t need = (size_t)(rep * D + rep * nk + D) * 4 + (size_t)nk * 8;
+    const int64_t nsc = ks ? nk : 0;  /* int8: the keys' K and V row scales, gathered once */
+    const size_t need = (size_t)(rep * D + rep * nk + D + 2 * nsc) * 4 + (size_t)nk * 8;
     float *qf = need <= sizeof local ? local : malloc(need);
     if (!qf) return -1;
-    float *sc = qf + rep * D, *kv = sc + rep * nk;
-    int64_t *at = (int64_t *)(kv + D);  /* each key's row, as an element offset into the caches */
+    float *sc = qf + rep * D, *kv = sc + rep * nk, *kss = kv + D, *vss = kss + nsc;
+    int64_t *at = (int64_t *)(vss + nsc);  /* each key's row, as an element offset into the caches */
     for (int64_t t = k0, i = 0; t < k1;) {
         const int64_t base = tab[t / bs] * bs, o0 = t % bs, m = bs - o0 < k1 - t ? bs - o0 : k1 - t;
-        for (int64_t o = 0; o < m; o++) at[i++] = ((base + o0 + o) * Hkv + kh) * D;
+        for (int64_t o = 0; o < m; o++, i++) {
+            const int64_t row = (base + o0 + o) * Hkv + kh;
+            at[i] = row * D;
+            if (ks) { kss[i] = ks[row]; vss[i] = vs[row]; }
+        }
         t += m;
     }
 #ifdef __AVX512F__
@@ -210,9 +215,9 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
         if (cdt) { load_row(cdt, kp, kv, D); kr = kv; }
         for (int64_t g = 0; g < rep; g++) sc[g * nk + t] = dot(qf + g * D, kr, D) * scale;
     }
-    if (ks)  /* int8 K: each key's dot product times its row's scale (at[t] / D is the row) */
+    if (ks)  /* int8 K: each key's dot product times its row's scale */
         for (int64_t g = 0; g < rep; g++)
-            for (int64_t t = 0; t < nk; t++) sc[g * nk + t] *= ks[at[t] / D];
+            for (int64_t t = 0; t < nk; t++) sc[g * nk + t] *= kss[t];
     for (int64_t g = 0; g < rep; g++) {
         float *pp = att_part(part, b, c, h0 + g, H, D);
         pp[0] = softmax_part(sc + g * nk, nk, &pp[1]);
@@ -220,7 +225,7 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
     }
     if (vs)  /* int8 V: each key's weight times its row's scale (the sums l above are of the weights alone) */
         for (int64_t g = 0; g < rep; g++)
-            for (int64_t t = 0; t < nk; t++) sc[g * nk + t] *= vs[at[t] / D];
+            for (int64_t t = 0; t < nk; t++) sc[g * nk + t] *= vss[t];
 #ifdef __AVX512F__
     if (fast) {  /* the sums in registers (fused multiply-adds, key order) */
         for (int64_t g = 0; g < rep; g += 4) {
@@ -243,7 +248,7 @@ static int attn_chunk(int dt, int cdt, const void *q, int64_t sq, const void *kc
 }
 
 /* One K or V head row (D elements) from dtype dt into a cache row of dtype cdt: a copy, or rounded as torch's .to()
- * (round to nearest even; float8 saturating), or int8 as kv_store.quantize_int8 (scale = absmax / 127, 1 for a zero
+ * (round to nearest even; float8 saturating), or int8 as kv_store.quantize_int8 (scale = absmax * (1 / 127), 1 for a zero
  * row, into *scale; codes round(x / scale), half to even) */
 static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D, float *scale) {
     if (dt == cdt) {
@@ -258,7 +263,7 @@ static void kv_row(int dt, int cdt, const void *src, void *dst, int64_t D, float
         }
         float mx = 0.0f;
         for (int64_t i = 0; i < D; i++) mx = fmaxf(mx, fabsf(row[i]));
-        float s = mx / 127.0f;
+        float s = mx * (1.0f / 127.0f);
         if (!(s > 0.0f)) s = 1.0f;
         int8_t *d = (int8_t *)dst;
         for (int64_t i = 0; i < D; i++) {
