@@ -132,21 +132,6 @@ def kernel_check(device: str, small: bool = False, dtype: torch.dtype = torch.bf
     r = ta.paged_decode_reference(qo, kq.view(kc.shape), vq.view(vc.shape), tables, lens, scale=D ** -0.5,
                                   k_scales=kqs, v_scales=vqs)
     out["paged_decode int8"] = (o.float() - r.float()).abs().max().item()
-    # the one-kernel q/k norm + RoPE + store + attention over an int8 cache, against those steps composed (the
-    # composition quantizes the composed k and v as the cache's write does)
-    kf, vf, kfs, vfs = kq.clone(), vq.clone(), kqs.clone(), vqs.clone()
-    fused = ta.paged_decode_norm_rope(qkv[:B], H, norms[0].weight, norms[1].weight, 1e-6, 0.0, False, cos.view(B, D),
-                                      sin.view(B, D), slots, kf.view(kc.shape), vf.view(vc.shape), tables, lens,
-                                      scale=D ** -0.5, max_len=width * bs, k_scales=kfs, v_scales=vfs)
-    kr, vr, krs, vrs = kq.clone(), vq.clone(), kqs.clone(), vqs.clone()
-    (kr[slots], krs[slots]), (vr[slots], vrs[slots]) = quantize_int8(ko.reshape(B, hkv, D)), \
-        quantize_int8(vv.reshape(B, hkv, D))
-    r = ta.paged_decode_reference(qo, kr.view(kc.shape), vr.view(vc.shape), tables, lens, scale=D ** -0.5,
-                                  k_scales=krs, v_scales=vrs)
-    out["fused_norm_rope_attention int8"] = max(
-        (fused.float() - r.float()).abs().max().item(),
-        (kf.float() * kfs[..., None] - kr.float() * krs[..., None]).abs().max().item(),
-        (vf.float() * vfs[..., None] - vr.float() * vrs[..., None]).abs().max().item())
     # the q/k norm + RoPE launch that also stores k and v (the static decode step's claim), into an int8 cache:
     # codes and scales against quantize_int8 of its own k and of v (elements differing: 0 wanted)
     from types import SimpleNamespace

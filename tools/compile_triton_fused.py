@@ -76,7 +76,7 @@ def main() -> int:
                 (64, 8, True, True, False, 32, False, False), (256, 2, True, False, True, 64, False, False),
                 (128, 4, True, False, False, 64, True, False), (128, 4, True, True, True, 32, True, False),
                 (64, 8, False, False, False, 64, True, False), (128, 4, True, False, False, 128, False, True),
-                (128, 4, True, True, True, 64, False, True), (128, 4, True, False, False, 128, True, True)):
+                (128, 4, True, True, True, 64, False, True)):
             ints = ("scale", "softcap", "window", "min_part", "sq_b", "sq_h", "sk_s", "sk_h", "sv_s", "sv_h", "ss_s",
                     "st_b", "sm_b", "sm_h", "sa_b", "sa_h", "sa_s", "so_b", "so_h", "sc", "eps", "offset", "H", "HKV",
                     "S")

@@ -75,7 +75,7 @@ class StaticDecodeBackend(AttentionBackend):
         """Attention of ``attn`` (a self-attention with per-head q/k RMSNorm and rotate-half RoPE) straight from its
         fused projection's rows [B, (H + 2 Hkv) D]: q/k norms, RoPE, the K/V store and the attention in ONE kernel
         (triton_attention.paged_decode_norm_rope) instead of two. None where that does not apply (the caller runs
-        the separate steps): no kernel here, a remote cache, another pattern (fused_qk_rope.cos_sin),
+        the separate steps): no kernel here, an int8 or remote cache, another pattern (fused_qk_rope.cos_sin),
         ``INFERFLOW_FUSE_QK_ATTENTION=0``, an earlier failure of the kernel, or fewer (row, KV head) programs than
         SMs. Measured on an H200 (docs/benchmarks.md): at batch 64 one launch takes 0.617 ms per step against
         0.682 for the two; at batch 1 it takes 0.361 against 0.323, since there every step of the kernel waits on
@@ -86,7 +86,7 @@ class StaticDecodeBackend(AttentionBackend):
         store = kv._dev.get(key)
         if (not self.use_kernel or not _fuse["ok"] or os.environ.get(FUSE_ENV, "1") == "0"
                 or not fused_qk_rope.wanted(qkv) or os.environ.get(fused_qk_rope.KV_ENV, "1") == "0"
-                or store is None or store.device != qkv.device
+                or store is None or kv.quantized or store.device != qkv.device or not store.k.is_floating_point()
                 or qkv.dim() != 2 or qkv.shape[1] != (h + 2 * hkv) * d or qkv.stride(-1) != 1
                 or d < 16 or d & (d - 1) or qkv.shape[0] != self.slots.shape[0]):
             return None
@@ -98,12 +98,11 @@ class StaticDecodeBackend(AttentionBackend):
         if cs is None:
             return None
         qn = attn.q_norm
-        ks, vs = kv.scale_stores(key) or (None, None)  # an int8 cache: the kernel quantizes its new rows
         try:
             return triton_attention.paged_decode_norm_rope(
                 qkv, h, qn.weight, attn.k_norm.weight, qn.eps, qn.offset, qn.weight_in_float, cs[0], cs[1],
                 self.slots, store.k, store.v, self.tables, self.lens, scale=attn.scale, max_len=self.max_len,
-                softcap=attn.softcap, window=attn.window, k_scales=ks, v_scales=vs)
+                softcap=attn.softcap, window=attn.window)
         except Exception as e:  # noqa: BLE001 - compile/launch failure: the two kernels from now on
             _fuse["ok"] = False
             warnings.warn(f"fused q/k norm + RoPE + attention kernel failed ({type(e).__name__}: {e}); using "

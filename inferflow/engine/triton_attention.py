@@ -50,7 +50,6 @@ def available(device: torch.device) -> bool:
 
 if triton is not None:
     from ..model.fused_qk_rope import norm_rope_halves
-    from .triton_kv_write import q8_codes, q8_scale
 
     @triton.jit
     def _seq_split(length, window, S, min_part, HAS_WIN: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -169,8 +168,6 @@ if triton is not None:
                                     sn[None, :], sn[None, :], offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
             if K.dtype.element_ty.is_fp8():  # an fp8 cache: fp16 dot products (below)
                 q = q.to(tl.float16)
-            elif HAS_SCALE:  # an int8 cache: its codes widen to the activations' dtype
-                q = q.to(dt)
             else:
                 q = q.to(K.dtype.element_ty)
         else:
@@ -191,34 +188,20 @@ if triton is not None:
                                          1.0 / tl.sqrt(tl.sum(kx * kx, 0) / D + eps),
                                          tl.load(WK + offs_d).to(tl.float32), tl.load(WK + part_d).to(tl.float32),
                                          c, c, sn, sn, offset, dt, WEIGHT_IN_FLOAT, HAS_OFFSET)
-                vx = tl.load(qkv + (H + HKV + kvh) * D + offs_d)
-                if HAS_SCALE:  # an int8 cache: quantized as its write quantizes, used as its reads widen
-                    ksc = q8_scale(tl.max(tl.abs(kn.to(tl.float32)), 0))
-                    kn = q8_codes(kn.to(tl.float32), ksc)
-                    vsc = q8_scale(tl.max(tl.abs(vx.to(tl.float32)), 0))
-                    vn = q8_codes(vx.to(tl.float32), vsc)
-                else:
-                    kn = kn.to(K.dtype.element_ty)  # as the cache holds them
-                    vn = vx.to(V.dtype.element_ty)
+                kn = kn.to(K.dtype.element_ty)  # as the cache holds them
+                vn = tl.load(qkv + (H + HKV + kvh) * D + offs_d).to(V.dtype.element_ty)
                 qk = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
-                if HAS_SCALE:
-                    qk = qk * ksc
                 if HAS_CAP:
                     qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
                 m_new = tl.maximum(m_i, qk)
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(qk - m_new)
                 l_i = l_i * alpha + p
-                if HAS_SCALE:
-                    p = p * vsc
                 acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * vn.to(tl.float32)[None, :]
                 m_i = m_new
                 at = tl.load(SLOTS + b).to(tl.int64)
                 tl.store(K + at * sk_s + kvh * sk_h + offs_d, kn)
                 tl.store(V + at * sv_s + kvh * sv_h + offs_d, vn)
-                if HAS_SCALE:
-                    tl.store(KS + at * ss_s + kvh, ksc)
-                    tl.store(VS + at * ss_s + kvh, vsc)
         omask = gmask[:, None] & dmask[None, :]
         if nsplit == 1:  # the whole sequence in this program: the final rows
             den = tl.where(l_i > 0, l_i, 1.0)
@@ -330,19 +313,17 @@ def paged_decode_norm_rope(qkv: torch.Tensor, heads: int, q_norm: torch.Tensor, 
                            offset: float, weight_in_float: bool, cos: torch.Tensor, sin: torch.Tensor,
                            slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                            lens: torch.Tensor, *, scale: float, max_len: int, softcap: float | None = None,
-                           window: int | None = None, min_part: int = MIN_PART, k_scales: torch.Tensor | None = None,
-                           v_scales: torch.Tensor | None = None) -> torch.Tensor:
+                           window: int | None = None, min_part: int = MIN_PART) -> torch.Tensor:
     """:func:`paged_decode` of the decode rows' raw q|k|v projections [B, (H + 2 Hkv) D] in one launch with what
     runs before it: per-head RMSNorm of q and k (weights ``q_norm``, ``k_norm`` [D]), rotate-half RoPE (``cos``,
     ``sin`` rows [B, D]) and the store of this step's k and v at ``slots`` [B] (``fused_qk_rope``'s kernel, with
-    its roundings; into an int8 cache with its ``k_scales``, ``v_scales``: quantized as ``quantize_int8``). Each
-    sequence's new key is the last of its ``lens``. D a power of two, at least 16."""
+    its roundings). Each sequence's new key is the last of its ``lens``. D a power of two, at least 16. Float caches
+    only: over int8 the fused store measured slower than the two kernels (docs/benchmarks.md)."""
     B, width = qkv.shape
     d = k_cache.shape[-1]
     fused = (q_norm, k_norm, float(eps), float(offset), bool(weight_in_float), cos, sin, slots, width)
     return _launch(qkv, heads, fused, k_cache, v_cache, tables, lens, scale=scale, max_len=max_len,
-                   softcap=softcap, window=window, min_part=min_part, q_strides=(qkv.stride(0), d),
-                   scales=(k_scales, v_scales))
+                   softcap=softcap, window=window, min_part=min_part, q_strides=(qkv.stride(0), d))
 
 
 def _launch(q: torch.Tensor, H: int, fused: tuple | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
