@@ -27,8 +27,9 @@ def _thp_mode() -> str:
     return text[text.index("[") + 1:text.index("]")]
 
 
-def _thp_eligible(ptr: int) -> bool | None:
-    """Whether the mapping holding address ``ptr`` may get huge pages (None: the kernel does not say)."""
+def _smaps(ptr: int, field: str) -> str | None:
+    """Field ``field`` (``THPeligible``, ``Rss``, ...) of the mapping holding address ``ptr`` (None: the kernel does
+    not say)."""
     try:
         lines = Path("/proc/self/smaps").read_text().splitlines()
     except OSError:
@@ -39,9 +40,29 @@ def _thp_eligible(ptr: int) -> bool | None:
         if "-" in head and ":" not in head:
             lo, hi = (int(v, 16) for v in head.split("-"))
             inside = lo <= ptr < hi
-        elif inside and head == "THPeligible:":
-            return line.split()[1] == "1"
+        elif inside and head == field + ":":
+            return line.split()[1]
     return None
+
+
+def _thp_eligible(ptr: int) -> bool | None:
+    """Whether the mapping holding address ``ptr`` may get huge pages (None: the kernel does not say)."""
+    v = _smaps(ptr, "THPeligible")
+    return None if v is None else v == "1"
+
+
+def _resident(t: torch.Tensor) -> float:
+    """The fraction of ``t``'s pages in memory (mincore on exactly its range: smaps would count a neighbouring
+    mapping that the kernel merged with it)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = 4096
+    lo = t.data_ptr() // page * page
+    n = -(-(t.data_ptr() + t.numel() * t.element_size() - lo) // page)
+    vec = (ctypes.c_ubyte * n)()
+    assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(n * page), vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec) / n
 
 
 def _check_huge(t: torch.Tensor, first: bool = False) -> None:
@@ -119,6 +140,21 @@ def test_arena_carves_zeroed_aligned_tensors(monkeypatch):
     assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no overlap
     extra = arena.zeros((4, 4), torch.float32)  # past what it was sized for: an ordinary tensor
     assert extra.shape == (4, 4) and not extra.any()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore: Linux")
+def test_kv_cache_pages_are_resident_from_the_start(monkeypatch):
+    """A CPU K/V cache's arena is faulted in when the cache is made (MADV_POPULATE_WRITE), as torch.zeros would
+    write it, so no request waits on the kernel for its pages; a plain arena stays untouched until used."""
+    from inferflow.engine.kv_cache import KVLayer, PagedKVCache
+
+    monkeypatch.setenv("INFERFLOW_HUGEPAGES", "1")
+    lazy = hugepages.Arena([8 << 20]).zeros((8 << 20,), torch.uint8)
+    cache = PagedKVCache([KVLayer(k, 2, 64) for k in range(4)], 512, 16)  # 4 x 2 x 4 MiB of float32
+    stores = [t for st in cache._dev.values() for t in (st.k, st.v)]
+    assert all(_resident(t) == 1.0 for t in stores)  # all of it, before anything read or wrote it
+    assert _resident(lazy) == 0.0
+    assert stores[0].data_ptr() % HUGE == 0 and not any(t.any() for t in stores)
 
 
 def _model(tmp_path):

@@ -66,12 +66,12 @@ class PagedKVCache(SlotIndexing, BlockCopies):
         self._host: dict[int, LayerStore] = {}
         self._claimed: tuple | None = None  # (key, slots, k) of a write a kernel did itself (claim_write)
         # unpinned CPU stores (a CPU model's cache) share one huge-page arena: attention streams them as it does
-        # the weights (model/hugepages.py)
+        # the weights (model/hugepages.py); its pages are faulted in now, not during the first requests
         cpu = [layer for layer in self.layers if (self.device.type == "cpu" or layer.key in self.host_layers)
                and not (pin and layer.key in self.host_layers)]
         cpu_keys = {layer.key for layer in cpu}
         shapes = [sh for layer in cpu for sh in LayerStore.shapes(layer, num_blocks, block_size, sd)]
-        arena = Arena.for_shapes(shapes) if cpu else None
+        arena = Arena.for_shapes(shapes, populate=True) if cpu else None
         for layer in self.layers:
             on_host = layer.key in self.host_layers
             self._dev[layer.key] = LayerStore.new(layer, num_blocks, block_size, self.store_dtype,
