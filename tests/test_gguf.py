@@ -152,7 +152,8 @@ def test_raw_builder_is_valid(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["magic", "version", "bigendian", "kv_count", "tensor_count", "string_len", "value_len", "dims",
-                                  "n_dims", "type", "offset", "misaligned", "block", "alignment", "nested", "dup"])
+                                  "n_dims", "type", "offset", "misaligned", "block", "alignment", "nested", "dup",
+                                  "array_string"])
 def test_malformed_header(tmp_path, case):
     kvs, infos, data = good_parts()
     if case == "magic":
@@ -170,7 +171,7 @@ def test_malformed_header(tmp_path, case):
         "dims": ("outside the file",), "n_dims": ("5 dimensions",), "type": ("unknown ggml type id 99",),
         "offset": ("outside the file",), "misaligned": ("not a multiple of the alignment",),
         "block": ("not a multiple", "block size 32"), "alignment": ("power of two",), "nested": ("nested arrays",),
-        "dup": ("duplicate tensor name",),
+        "dup": ("duplicate tensor name",), "array_string": ("string in 'tokenizer.ggml.tokens'", "needs"),
     }[case]
     kw = {}
     if case == "version":
@@ -203,6 +204,9 @@ def test_malformed_header(tmp_path, case):
         kvs.append(gstr("x") + struct.pack("<IIQ", 9, 9, 1))
     elif case == "dup":
         infos[1] = tensor_info("a.weight", [32], 8, 256)
+    elif case == "array_string":  # a vocabulary whose second string claims more bytes than the file has
+        kvs.append(gstr("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + gstr("a") + struct.pack("<Q", 1 << 40)
+                   + b"xy" + gstr("c"))
     refused(tmp_path, raw_gguf(kvs, infos, data, **kw), *expect)
 
 
