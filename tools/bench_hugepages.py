@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python tools/bench_hugepages.py [MODEL] [--dtype float32] [--batch 8] [--steps 10] [--rounds 15]
     PYTHONPATH=. python tools/bench_hugepages.py [MODEL] --memory
+    PYTHONPATH=. python tools/bench_hugepages.py --faults 128
 
 Two engines on the same model file in one process, one built with ``INFERFLOW_HUGEPAGES=0``, decode ``--batch``
 greedy requests; they take turns of ``--steps`` steps (the order alternating each round, as this VM's speed drifts
@@ -9,6 +10,11 @@ by tens of percent within seconds). Prints each one's median and best ms per ste
 
 ``--memory``: for each setting, a fresh process loads the model and builds the engine, then prints its resident
 memory (/proc/self/smaps_rollup: Rss, file-backed, anonymous, of it in huge pages).
+
+``--faults MIB``: the first touch of each 2 MiB page of a fresh huge-page mapping of MIB MiB, timed (median and max
+ms per page, and the total), and ``madvise(MADV_POPULATE_WRITE)`` of another fresh mapping; 4 rounds, each form
+first in turn, each mapping freed before the next. A first touch may wait on the kernel compacting memory into a free huge page:
+the cost a CPU K/V cache's first writes would pay, which is why its arena is populated when it is made.
 """
 from __future__ import annotations
 
@@ -27,6 +33,42 @@ from inferflow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 import model_args  # noqa: E402
 
 
+def faults(mib: int, rounds: int = 4) -> None:
+    import torch
+
+    from inferflow.model import hugepages
+
+    n = mib << 20
+
+    def touch() -> str:
+        mm, head = hugepages._mapping(n)
+        t = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=head)
+        ms = []
+        for off in range(0, n, hugepages.HUGE):
+            t0 = time.perf_counter()
+            t[off] = 1
+            ms.append((time.perf_counter() - t0) * 1e3)
+        del t
+        mm.close()
+        return (f"first touch of {len(ms)} huge pages: median {statistics.median(ms):.3f} ms, max {max(ms):.2f}, "
+                f"total {sum(ms):.1f} ms")
+
+    def populate() -> str:
+        mm, head = hugepages._mapping(n)
+        t0 = time.perf_counter()
+        try:
+            mm.madvise(hugepages.MADV_POPULATE_WRITE, head, n)
+            return f"MADV_POPULATE_WRITE of {mib} MiB: {(time.perf_counter() - t0) * 1e3:.1f} ms"
+        except OSError as e:
+            return f"MADV_POPULATE_WRITE not available ({e})"
+        finally:
+            mm.close()
+
+    for r in range(rounds):  # the first mapping of a process pays the compaction: each form goes first in turn
+        order = (populate, touch) if r % 2 == 0 else (touch, populate)
+        print(f"round {r + 1}: " + "; ".join(f() for f in order), flush=True)
+
+
 def main() -> None:
     def options(ap):
         ap.add_argument("--dtype", default="float32")
@@ -35,6 +77,9 @@ def main() -> None:
         ap.add_argument("--rounds", type=int, default=15)
         ap.add_argument("--memory", action="store_true", help="resident memory after the engine is built, no timing")
 
+    if "--faults" in sys.argv:
+        faults(int(sys.argv[sys.argv.index("--faults") + 1]))
+        return
     a = model_args.parse(__doc__, options)
     if a.memory:
         for on in ("0", "1"):
