@@ -76,11 +76,13 @@ def main() -> None:
         ap.add_argument("--steps", type=int, default=10)
         ap.add_argument("--rounds", type=int, default=15)
         ap.add_argument("--memory", action="store_true", help="resident memory after the engine is built, no timing")
+        ap.add_argument("--faults", type=int, default=0, metavar="MIB",
+                        help="time first touches of fresh huge pages against MADV_POPULATE_WRITE, no model")
 
-    if "--faults" in sys.argv:
-        faults(int(sys.argv[sys.argv.index("--faults") + 1]))
-        return
     a = model_args.parse(__doc__, options)
+    if a.faults:
+        faults(a.faults)
+        return
     if a.memory:
         for on in ("0", "1"):
             code = ("import sys, inferflow; from inferflow.engine import Engine, EngineConfig; "
