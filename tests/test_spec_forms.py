@@ -165,6 +165,28 @@ def test_match_when_and_priority(llama, tmp_path, monkeypatch):
     assert match_spec(src).name == "fam_small"  # fam_big's condition fails; fam_small outranks fam_plain
 
 
+def test_detection_checks_only_candidates_and_skips_broken_ones(llama, tmp_path, monkeypatch):
+    """Detection schema-checks the specs that fit, not all of them; a broken override of a shipped name falls back
+    to the shipped file, and a broken spec that fits is skipped, then named when nothing else matches."""
+    from inferflow.spec import loader
+
+    _, folder = llama
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "llama.yaml").write_text(f"extends: {LLAMA}\nname: llama\nnorm_eps_bogus_key: 1\n")  # unknown key
+    (specs / "fam_bad.yaml").write_text(f"extends: {LLAMA}\nname: fam_bad\nmatch: {{hf_model_type: [fambad]}}\n"
+                                        "architecture: sideways\n")
+    monkeypatch.setenv("INFERFLOW_SPEC_PATH", str(specs))
+    checked = []
+    real = loader.validate
+    monkeypatch.setattr(loader, "validate", lambda doc, file: (checked.append(Path(file).name), real(doc, file)))
+    spec = match_spec(HFDirSource(folder))
+    assert spec.name == "llama" and Path(spec.file).parent != specs  # the shipped llama, past the broken override
+    assert len(checked) <= 3 and "bert.yaml" not in checked  # the override and the shipped llama (and its family)
+    with pytest.raises(SpecError, match=r"model_type 'fambad'.*skipped broken spec .*fam_bad\.yaml.*architecture"):
+        match_spec(HFDirSource(_retyped(folder, tmp_path / "m", "fambad")))
+
+
 def test_no_matching_spec_is_a_clear_error(llama, tmp_path):
     _, folder = llama
     model = _retyped(folder, tmp_path / "m", "nosuchfam")
