@@ -152,6 +152,7 @@ def test_kv_cache_pages_are_resident_from_the_start(monkeypatch):
     lazy = hugepages.Arena([8 << 20]).zeros((8 << 20,), torch.uint8)
     cache = PagedKVCache([KVLayer(k, 2, 64) for k in range(4)], 512, 16)  # 4 x 2 x 4 MiB of float32
     stores = [t for st in cache._dev.values() for t in (st.k, st.v)]
+    hugepages.settle()  # the pages are faulted in on a thread of their own
     assert all(_resident(t) == 1.0 for t in stores)  # all of it, before anything read or wrote it
     assert _resident(lazy) == 0.0
     assert stores[0].data_ptr() % HUGE == 0 and not any(t.any() for t in stores)

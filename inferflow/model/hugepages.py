@@ -11,9 +11,11 @@ long as any of them. ``INFERFLOW_HUGEPAGES=0`` switches this off.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import sys
+import threading
 
 import torch
 from torch import nn
@@ -21,6 +23,22 @@ from torch import nn
 HUGE = 2 << 20
 MIN_BYTES = HUGE  # a whole smaller than one huge page stays where it is
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14; Python's mmap names it from 3.13
+
+
+_filling: list[threading.Thread] = []  # populate threads not yet joined (settle)
+
+
+def _populate(mm: mmap.mmap, addr: int, nbytes: int) -> None:
+    # through ctypes, which releases the GIL for the call (mmap.madvise holds it for the whole syscall)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), ctypes.c_int(MADV_POPULATE_WRITE))
+    # a failure (kernels before 5.14: EINVAL) leaves the pages to fault in on first touch
+
+
+def settle() -> None:
+    """Wait for the arenas' page population started so far (tests and benchmarks that look at residency)."""
+    while _filling:
+        _filling.pop().join()
 
 
 def enabled() -> bool:
@@ -70,18 +88,23 @@ class Arena:
     __slots__ = ("_mm", "_head", "_size", "_used")
 
     def __init__(self, sizes: list[int], populate: bool = False):
-        """``sizes``: the bytes of each tensor to come. ``populate``: fault every page in now (as ``torch.zeros``
-        would by writing them), where the kernel can: a first touch of a huge page may wait on the kernel compacting
-        memory (~4.5 ms per 2 MiB on this project's test VM), which a K/V store would otherwise pay in the middle of
-        a request (the first prefill of the default model: 361 ms, of which 290 ms were these faults)."""
+        """``sizes``: the bytes of each tensor to come. ``populate``: fault every page in (as ``torch.zeros`` would
+        by writing them), where the kernel can, on a thread of its own: a first touch of a huge page may wait on
+        the kernel compacting memory (~4.5 ms per 2 MiB on this project's test VM, 2 s for a 1 GiB cache when
+        memory is fragmented), which a K/V store would otherwise pay in the middle of a request (the first prefill
+        of the default model: 361 ms, of which 290 ms were these faults), and the caller at start-up if it waited.
+        The arena's tensors are usable at once: a page touched before the thread gets to it faults in as usual."""
         total = sum(_round(n) for n in sizes)
         self._mm, self._head = _mapping(total) if enabled() and total >= MIN_BYTES else (None, 0)
         self._size, self._used = total, 0
         if populate and self._mm is not None:
-            try:
-                self._mm.madvise(MADV_POPULATE_WRITE, self._head, total)
-            except OSError:
-                pass  # kernels before 5.14: pages fault in on first touch
+            addr = torch.frombuffer(self._mm, dtype=torch.uint8, count=1, offset=self._head).data_ptr()
+            # the thread holds the mapping: it cannot be unmapped under the call
+            th = threading.Thread(target=_populate, args=(self._mm, addr, total), name="inferflow-kv-populate",
+                                  daemon=True)
+            _filling[:] = [t for t in _filling if t.is_alive()]
+            _filling.append(th)
+            th.start()
 
     @classmethod
     def for_shapes(cls, shapes: list[tuple[tuple[int, ...], torch.dtype]], populate: bool = False) -> "Arena":
