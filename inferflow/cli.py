@@ -20,8 +20,18 @@ def _load_model(cfg: dict[str, Any]):
     return inferflow.load(source, spec=cfg.get("spec"), dtype=cfg.get("dtype"), device=cfg.get("device"))
 
 
+def _as_script(argv: list[str] | None) -> None:
+    # a console script (argv None) owns its process: what the imports made is long-lived (inferflow.freeze_heap);
+    # in-process calls with an argv (tests) leave the collector alone
+    if argv is None:
+        from . import freeze_heap
+
+        freeze_heap()
+
+
 def llm_inference_main(argv: list[str] | None = None) -> int:
     """Run the queries of a query file (YAML, or Inferflow's llm_inference.ini) batched through the engine."""
+    _as_script(argv)
     from .service.query_runner import llm_inference
 
     return llm_inference(argv)
@@ -29,6 +39,7 @@ def llm_inference_main(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``inferflow`` tool: list specs and components, inspect model files, generate text, chat."""
+    _as_script(argv)
     ap = argparse.ArgumentParser(prog="inferflow")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("specs", help="list the model specs on the search path")
@@ -98,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def service_main(argv: list[str] | None = None) -> int:
     """``inferflow-service [service.yaml]``: the HTTP service (native and OpenAI routes)."""
+    _as_script(argv)
     from .service.cli import service_main as run
 
     return run(argv)

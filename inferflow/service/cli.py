@@ -47,6 +47,10 @@ def service_main(argv: list[str] | None = None) -> int:
             with LoadBar(f"Loading {cfg.name}") as bar:
                 models[cfg.name] = ServedModel(cfg, load_model(cfg, progress=bar))
         app = create_app(config, models=models)
+        if argv is None:  # the service's own process: the loaded models live as long as it does
+            from .. import freeze_heap
+
+            freeze_heap()
         print(f"inferflow-service: serving {', '.join(models)} on http://{config.host}:{config.port} "
               f"(OpenAI routes under /v1, native route POST /)", file=sys.stderr)
         run_server(app, config)  # SIGTERM drains in-flight requests (shutdown_grace), then exits 0
