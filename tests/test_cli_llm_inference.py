@@ -71,3 +71,32 @@ def test_yaml_with_service_config_model(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("model: {source: x, colour: red}\nqueries: [hi]\n")
     assert llm_inference([str(tmp_path / "bad.yaml")]) == 2
     assert "bad.yaml: model: unknown key(s) colour" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gc_on", [True, False])
+def test_import_restores_the_collector_and_scripts_freeze_the_heap(gc_on):
+    """The package imports with the cyclic collector off and leaves it as it found it; a console script (argv
+    None) then freezes what the imports made, an in-process call with an argv does not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = textwrap.dedent(f"""
+        import gc, sys
+        {'' if gc_on else 'gc.disable()'}
+        import inferflow
+        from inferflow import cli
+        state = [gc.isenabled(), gc.get_freeze_count() > 0]
+        cli.main(["specs"])
+        state.append(gc.get_freeze_count() > 0)
+        sys.argv = ["inferflow", "specs"]
+        cli.main()
+        state.append(gc.get_freeze_count() > 0)
+        print(state, file=sys.stderr)
+    """)
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == str([gc_on, False, False, True])
