@@ -8,6 +8,7 @@ in-process on a free port with the model it is given.
 """
 from __future__ import annotations
 
+import gc
 import json
 import random
 import threading
@@ -175,6 +176,10 @@ class LocalService:
 
             self.served.engine.profiler = StepProfiler(profile, profile_steps, name="service")
         app = create_app(cfg, {name: self.served})
+        if gc.get_freeze_count():  # a console script froze its imports (cli.py): as inferflow-service does, the
+            from .. import freeze_heap  # loaded model too, so that the timed run meets the service's collector
+
+            freeze_heap()
         self.http = ThreadedServer(app, start_timeout=120)
         self.url = self.http.url
 
