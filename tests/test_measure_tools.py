@@ -44,3 +44,17 @@ def test_paged_decode_bench_rotates_the_variants_order():
     assert bench_paged_decode.rotations(["a", "b", "c"], 3) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
     assert bench_paged_decode.rotations(["old", "new"], 2) == [["old", "new"], ["new", "old"]]
     assert bench_paged_decode.rotations([], 2) == []
+
+
+def test_startup_bench_times_import_of_a_tree_and_rejects_what_it_cannot(capsys):
+    import bench_startup
+    import pytest
+
+    root = Path(__file__).resolve().parent.parent
+    assert bench_startup.main(["--trees", str(root), "--what", "import", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "round 1: import " in out and "| import s, median (range) |" in out and "| 1.00 |" in out
+    with pytest.raises(SystemExit, match="no inferflow/ package"):
+        bench_startup.main(["--trees", str(root / "docs")])
+    with pytest.raises(SystemExit, match="unknown 'startup'"):
+        bench_startup.main(["--trees", str(root), "--what", "startup"])
