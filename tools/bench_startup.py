@@ -9,6 +9,8 @@ DIR``. Every measurement is a fresh process started from an empty folder with ``
 - ``import``: ``import inferflow.cli`` (what every script, test and user pays first);
 - ``llm_inference``: the default job, the shipped query file on the embedded default model, as the console script
   runs it (``llm_inference_main()``), start to exit;
+- ``engine`` (not in the default list): timed inside the process, a CPU engine on the default model with the
+  default 1 GiB K/V cache made, one 70-token prefill, and the cache's pages all resident;
 - ``service``: ``python -m inferflow.service`` on the default model until ``GET /health`` answers 200.
 The trees run one after another within each round, so a machine whose speed drifts shifts both alike.
 """
@@ -30,6 +32,14 @@ SNIPPETS = {
     "import": "import inferflow.cli",
     "llm_inference": "import sys; sys.argv = ['llm_inference']; from inferflow.cli import llm_inference_main; "
                      "sys.exit(llm_inference_main())",
+    # timed inside the process (T=...): the default model's CPU engine with EngineConfig's default 1 GiB cache,
+    # made and then running one 70-token prefill, the cache's pages all resident at the end
+    "engine": "import time, inferflow; from inferflow.default_model import default_model_path; "
+              "from inferflow.engine import Engine, EngineConfig, SamplingParams; "
+              "from inferflow.model import hugepages; m = inferflow.load(default_model_path()); "
+              "t = time.perf_counter(); e = Engine(m, EngineConfig(max_num_seqs=8, max_model_len=2048)); "
+              "e.generate([list(range(10, 80))], SamplingParams(max_tokens=1)); "
+              "getattr(hugepages, 'settle', lambda: None)(); print(f'T={time.perf_counter() - t}')",
 }
 
 
@@ -49,10 +59,11 @@ def run_once(tree: Path, what: str, cwd: str) -> float:
     t0 = time.perf_counter()
     if what in SNIPPETS:
         r = subprocess.run([sys.executable, "-P", "-c", SNIPPETS[what]], cwd=cwd, env=_env(tree),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode:
             raise SystemExit(f"{tree}: {what} failed:\n{r.stderr[-2000:]}")
-        return time.perf_counter() - t0
+        inner = [line[2:] for line in r.stdout.splitlines() if line.startswith("T=")]
+        return float(inner[-1]) if inner else time.perf_counter() - t0
     port = _free_port()
     p = subprocess.Popen([sys.executable, "-P", "-m", "inferflow.service", "--port", str(port)], cwd=cwd,
                          env=_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -84,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     whats = args.what.split(",")
     for w in whats:
         if w not in (*SNIPPETS, "service"):
-            raise SystemExit(f"--what: unknown {w!r} (import, llm_inference, service)")
+            raise SystemExit(f"--what: unknown {w!r} (import, llm_inference, service, engine)")
     times: dict[tuple[str, Path], list[float]] = {(w, t): [] for w in whats for t in trees}
     with tempfile.TemporaryDirectory() as cwd:
         for w in whats:

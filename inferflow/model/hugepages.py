@@ -28,11 +28,18 @@ MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14;
 _filling: list[threading.Thread] = []  # populate threads not yet joined (settle)
 
 
+POPULATE_CHUNK = 16 << 20
+
+
 def _populate(mm: mmap.mmap, addr: int, nbytes: int) -> None:
-    # through ctypes, which releases the GIL for the call (mmap.madvise holds it for the whole syscall)
+    # Through ctypes, which releases the GIL for the call (mmap.madvise holds it for the whole syscall), and in
+    # 16 MiB pieces: the call holds the process's mmap lock for reading, and a whole 1 GiB at once kept the other
+    # thread's next mmap (the weights' arena, torch's large buffers) waiting for all of it (1.5-1.7 s of cold pages).
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), ctypes.c_int(MADV_POPULATE_WRITE))
-    # a failure (kernels before 5.14: EINVAL) leaves the pages to fault in on first touch
+    for off in range(0, nbytes, POPULATE_CHUNK):
+        n = min(POPULATE_CHUNK, nbytes - off)
+        if libc.madvise(ctypes.c_void_p(addr + off), ctypes.c_size_t(n), ctypes.c_int(MADV_POPULATE_WRITE)):
+            return  # kernels before 5.14 (EINVAL): pages fault in on first touch
 
 
 def settle() -> None:
