@@ -25,10 +25,8 @@ MIN_BYTES = HUGE  # a whole smaller than one huge page stays where it is
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14; Python's mmap names it from 3.13
 
 
+POPULATE_CHUNK = 16 << 20  # bytes per MADV_POPULATE_WRITE call (_populate)
 _filling: list[threading.Thread] = []  # populate threads not yet joined (settle)
-
-
-POPULATE_CHUNK = 16 << 20
 
 
 def _populate(mm: mmap.mmap, addr: int, nbytes: int) -> None:
@@ -96,11 +94,12 @@ class Arena:
 
     def __init__(self, sizes: list[int], populate: bool = False):
         """``sizes``: the bytes of each tensor to come. ``populate``: fault every page in (as ``torch.zeros`` would
-        by writing them), where the kernel can, on a thread of its own: a first touch of a huge page may wait on
-        the kernel compacting memory (~4.5 ms per 2 MiB on this project's test VM, 2 s for a 1 GiB cache when
-        memory is fragmented), which a K/V store would otherwise pay in the middle of a request (the first prefill
-        of the default model: 361 ms, of which 290 ms were these faults), and the caller at start-up if it waited.
-        The arena's tensors are usable at once: a page touched before the thread gets to it faults in as usual."""
+        by writing them), where the kernel can, on a thread of its own. A first touch of a huge page can be slow:
+        on this project's test VM ~4.5 ms per 2 MiB, up to 1.6 s for a 1 GiB cache, while the host backs guest
+        memory that was freed (``compact_stall`` stays 0: not compaction). A K/V store would otherwise pay that in
+        the middle of a request (the first prefill of the default model: 361 ms, of which 290 ms were these
+        faults), and the caller at start-up if it waited. The arena's tensors are usable at once: a page touched
+        before the thread gets to it faults in as usual."""
         total = sum(_round(n) for n in sizes)
         self._mm, self._head = _mapping(total) if enabled() and total >= MIN_BYTES else (None, 0)
         self._size, self._used = total, 0
