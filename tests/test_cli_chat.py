@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_chat_in_a_terminal(tmp_path):
     folder = chat_llama(tmp_path / "tiny")
-    child = pexpect.spawn(sys.executable, ["-m", "inferflow.cli", "chat", "--model", str(folder), "--max-tokens", "5",
+    child = pexpect.spawn(sys.executable, ["-m", "inferflow.cli", "chat", "--model", str(folder), "--max-new-tokens", "5",
                                            "--temperature", "0"], cwd=str(ROOT), encoding="utf-8", timeout=60,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     try:

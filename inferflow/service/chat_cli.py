@@ -145,7 +145,8 @@ def chat_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype")
     ap.add_argument("--device")
     ap.add_argument("--system", help="system prompt")
-    ap.add_argument("--max-tokens", type=int, default=512, help="longest reply (default 512)")
+    ap.add_argument("--max-tokens", "--max-new-tokens", dest="max_tokens", type=int, default=512,
+                    help="longest reply (default 512; --max-new-tokens as in generate and llm_inference)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--seed", type=int)
