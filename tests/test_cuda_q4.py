@@ -249,3 +249,30 @@ def test_gemm_never_set_up_inside_a_capture(monkeypatch):
     ws, counters = cuda_q4_mma.workspace(torch.device("cpu"))  # eager: made once, counters zero
     assert ws.numel() == cuda_q4_mma.WORKSPACE_FLOATS and not counters.any()
     assert cuda_q4_mma.workspace(torch.device("cpu"))[0] is ws
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="times the CUDA kernels (INFERFLOW_TEST_DEVICE=cuda)")
+def test_choice_is_read_back_by_the_next_process(monkeypatch, tmp_path):
+    """A timed choice goes to the choice store; a process that finds it there checks it and does not time again."""
+    from inferflow.native import choices
+
+    if cuda.nvcc() is None:
+        pytest.skip("no nvcc: only Triton runs")
+    monkeypatch.setattr(choices, "cache_dir", lambda: tmp_path / "native")
+    monkeypatch.setattr(cuda_q4, "STORE", choices.ChoiceStore("cuda_q4", []))
+    monkeypatch.setattr(cuda_q4, "_choice", {})
+    n, k = 512, 1024
+    p = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(5)), "q4_0")
+    blocks = p.data.reshape(n, -1).to(DEVICE)
+    for m in (1, 16):
+        x = torch.randn(m, k, device=DEVICE).bfloat16()
+        y1 = triton_kernels.matmul(x, blocks, p.qtype, (n, k), None).clone()
+        key = next(key for key in cuda_q4._choice if key[0] == m)
+        first = cuda_q4._choice.pop(key)  # as a new process: nothing in memory
+        timed = cuda_q4._time
+        monkeypatch.setattr(cuda_q4, "_time", lambda *a: pytest.fail("timed again"))
+        y2 = triton_kernels.matmul(x, blocks, p.qtype, (n, k), None)
+        monkeypatch.setattr(cuda_q4, "_time", timed)
+        assert cuda_q4._choice[key] == first
+        torch.testing.assert_close(y2, y1, rtol=1e-2, atol=1e-2)
+    assert len(list((tmp_path / "choices").glob("cuda_q4-*.json"))) == 1

@@ -90,6 +90,50 @@ def test_choice_is_timed_once_and_cached(fake_timer, monkeypatch):
     torch.testing.assert_close(y.float(), x.float() @ w.float().T, atol=0.1, rtol=0.02)
 
 
+class _DictStore:
+    """gpu_gemv.STORE in memory and for any device (the real one keeps CUDA devices' choices on disk)."""
+
+    def __init__(self):
+        self.d = {}
+
+    def get(self, key, device):
+        from inferflow.native import choices
+
+        return self.d.get(repr(tuple(key)), choices.MISSING)
+
+    def put(self, key, device, value):
+        self.d[repr(tuple(key))] = value
+
+
+def test_choice_of_an_earlier_process_is_checked_not_timed(fake_timer, monkeypatch):
+    import dataclasses
+
+    timer, calls = fake_timer
+    store = _DictStore()
+    monkeypatch.setattr(gpu_gemv, "STORE", store)
+    cands = gpu_gemv.configs(1)
+    timer.times = [10.0] + [9.0, 5.0, 8.0][: len(cands)]
+    x, w = torch.randn(1, 40).to(torch.bfloat16), torch.randn(12, 40).to(torch.bfloat16)
+    key = (1, 12, 40, torch.bfloat16, False)
+
+    def warm_up():  # a new process: nothing chosen in memory yet
+        gpu_gemv._choice.clear()
+        with gpu_gemv.selecting():
+            gpu_gemv.linear(x, w)
+        return gpu_gemv._choice[(*key, x.device)]
+
+    assert warm_up() == cands[1] and len(calls) == 1
+    assert store.d[repr(key)] == dataclasses.asdict(cands[1])
+    assert warm_up() == cands[1] and len(calls) == 1  # read back, not timed again
+    store.d[repr(key)] = {"block_n": 999, "block_k": 1}  # a config this module no longer has: timed again
+    assert warm_up() == cands[1] and len(calls) == 2
+    real = gpu_gemv.gemv
+    monkeypatch.setattr(gpu_gemv, "gemv", lambda x, w, b, c: real(x, w, b, c) * (2 if c == cands[1] else 1))
+    assert warm_up() != cands[1] and len(calls) == 3  # wrong on these operands now: checked, then timed again
+    store.d[repr(key)] = None  # cuBLAS stored: nothing to check or time
+    assert warm_up() is None and len(calls) == 3
+
+
 def test_near_tie_keeps_cublas(fake_timer):
     timer, calls = fake_timer
     timer.times = [10.0] + [9.9] * len(gpu_gemv.configs(2))  # 1% faster: under MARGIN

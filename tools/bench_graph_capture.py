@@ -1,7 +1,7 @@
 """What capturing the decode graphs costs, and where: at engine start (``capture_graphs_at_start``, the default) or
 in the first serving step of each batch-size bucket (``False``).
 
-    python tools/bench_graph_capture.py --model /tmp/qwen3-8b [--max-num-seqs 256]
+    python tools/bench_graph_capture.py --model /tmp/qwen3-8b [--max-num-seqs 256] [--quant q4_0]
 
 Starts an engine with every bucket captured at start and prints the engine's start time and each bucket's warm-up
 + capture time (``DecodeGraphs.capture_ms``): with capture on first use, that time is a stall of the serving step
@@ -25,10 +25,11 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--quant", help="quantize at load (q4_0, ...): its kernels' choices are timed at warm-up too")
     args = ap.parse_args()
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("inferflow.engine.cuda_graphs").setLevel(logging.DEBUG)  # each bucket as it is captured
-    m = inferflow.load(args.model, device="cuda", dtype="bfloat16")
+    m = inferflow.load(args.model, device="cuda", dtype="bfloat16", quant=args.quant)
     t = time.perf_counter()
     eng = Engine(m, EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, max_model_len=4096))
     start = time.perf_counter() - t
