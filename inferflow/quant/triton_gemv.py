@@ -19,6 +19,8 @@ import os
 import triton
 import triton.language as tl
 
+from .triton_q4 import autotune
+
 _INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ONE_CONFIG = os.environ.get("INFERFLOW_TRITON_AUTOTUNE", "1") == "0"
 
@@ -105,7 +107,7 @@ def _configs(dot: bool):
             for bn, bk, w, b, p in tiles]
 
 
-@triton.autotune(configs=_configs(False), key=["N", "K", "MP", "KIND"])
+@autotune(configs=_configs(False), key=["N", "K", "MP", "KIND"])
 @triton.jit
 def gemv_fma(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.constexpr,
              KIND: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -157,7 +159,7 @@ def gemv_fma(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_
         tl.store(y_ptr + sym + rn, out1.to(y_ptr.dtype.element_ty), mask=nmask)
 
 
-@triton.autotune(configs=_configs(True), key=["N", "K", "KIND", "IEEE"])
+@autotune(configs=_configs(True), key=["N", "K", "KIND", "IEEE"])
 @triton.jit
 def gemv_dot(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.constexpr,
              KIND: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

@@ -24,6 +24,7 @@ per-block terms), compiled with tools/compile_triton_quant.py.
 Both matmuls autotune per shape with configs timed as CUDA-graph replays, L2 flushed between calls (as a decode
 step runs them: weights from HBM, no host launch cost).
 """
+import inspect
 import os
 
 import triton
@@ -32,6 +33,15 @@ import triton.testing
 
 _INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ONE_CONFIG = os.environ.get("INFERFLOW_TRITON_AUTOTUNE", "1") == "0"
+
+
+def autotune(**kw):
+    """``triton.autotune`` that keeps its picks in Triton's on-disk cache (``cache_results``) where this Triton has
+    it, so that the next process does not time the configs again: the 4-bit kernels' tuning was seconds of every
+    engine start (docs/benchmarks.md, start-up)."""
+    if "cache_results" in inspect.signature(triton.autotune).parameters:
+        kw.setdefault("cache_results", True)
+    return triton.autotune(**kw)
 GROUP = tl.constexpr(256)  # columns per packing group (a constexpr: kernels read it)
 
 
@@ -162,8 +172,8 @@ def _prune_gemv(configs, named_args, **kwargs):
     return keep or configs[:1]
 
 
-@triton.autotune(configs=_gemv_configs(), key=["N", "KW", "MP", "KIND"],
-                 prune_configs_by={"early_config_prune": _prune_gemv}, do_bench=_graph_bench)
+@autotune(configs=_gemv_configs(), key=["N", "KW", "MP", "KIND"],
+          prune_configs_by={"early_config_prune": _prune_gemv}, do_bench=_graph_bench)
 @triton.heuristics({"EVEN": lambda a: a["K"] % (256 * a["BG"] * a["SPLIT"]) == 0})
 @triton.jit
 def gemv4(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N, K, KW, sxm, sym, HAS_BIAS: tl.constexpr,

@@ -6,7 +6,7 @@ A module of its own only to keep files short; the decode helpers are triton_q4's
 import triton
 import triton.language as tl
 
-from .triton_q4 import _INTERP, _ONE_CONFIG, GROUP, _block_terms, _graph_bench, _nibble, _weights
+from .triton_q4 import _INTERP, _ONE_CONFIG, GROUP, _block_terms, _graph_bench, _nibble, _weights, autotune
 
 
 def _gemm_configs():
@@ -33,8 +33,8 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[:1]
 
 
-@triton.autotune(configs=_gemm_configs(), key=["MB", "N", "KW", "KIND", "IEEE"],
-                 prune_configs_by={"early_config_prune": _prune}, do_bench=_graph_bench)
+@autotune(configs=_gemm_configs(), key=["MB", "N", "KW", "KIND", "IEEE"],
+          prune_configs_by={"early_config_prune": _prune}, do_bench=_graph_bench)
 @triton.heuristics({"EVEN": lambda a: a["K"] % (256 * a["BG"]) == 0})
 @triton.jit
 def gemm4(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, M, N, K, KW, sxm, sym, MB, HAS_BIAS: tl.constexpr,
