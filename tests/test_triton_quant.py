@@ -76,3 +76,27 @@ def test_a_failing_kernel_falls_back_to_the_reference(monkeypatch):
         y = lin(x)
     assert torch.allclose(y, F.linear(x, p.dequantize()), rtol=1e-5, atol=1e-5)
     assert not triton_kernels.enabled() and not triton_kernels.supports(p.qtype, p.shape, "cpu")
+
+
+def test_autotune_asks_triton_to_keep_its_picks(monkeypatch):
+    """The quantized kernels' autotune (triton_q4.autotune) passes cache_results where this Triton's autotune takes
+    it, so an engine start does not time their configs again, and leaves it out where it does not. (Under the
+    interpreter Triton itself keeps nothing, so the decorator is stubbed here.)"""
+    import triton
+
+    from inferflow.quant import triton_q4
+
+    seen = {}
+
+    def new(configs, key, cache_results=False, **kw):
+        seen["new"] = cache_results
+        return "decorator"
+
+    def old(configs, key, **kw):
+        seen["old"] = kw
+        return "decorator"
+
+    monkeypatch.setattr(triton, "autotune", new)
+    assert triton_q4.autotune(configs=[], key=["N"]) == "decorator" and seen["new"] is True
+    monkeypatch.setattr(triton, "autotune", old)
+    assert triton_q4.autotune(configs=[], key=["N"]) == "decorator" and "cache_results" not in seen["old"]
