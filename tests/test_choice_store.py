@@ -80,3 +80,13 @@ def test_stamp_covers_the_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: (8, 0))
     src.write_text("v1")
     assert choices.ChoiceStore("demo", [src])._stamp(0) != s1
+
+
+def test_read_only_cache_keeps_choices_in_memory_and_warns_once(store, tmp_path, caplog):
+    (tmp_path / "choices").write_text("a file where the folder should be")  # mkdir fails: nothing can be written
+    s = store()
+    with caplog.at_level("WARNING", logger="inferflow.native.choices"):
+        s.put((1,), CUDA0, "a")
+        s.put((2,), CUDA0, "b")
+    assert s.get((1,), CUDA0) == "a" and s.get((2,), CUDA0) == "b"  # this process still has them
+    assert len([r for r in caplog.records if "not written" in r.message]) == 1

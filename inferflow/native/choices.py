@@ -109,4 +109,5 @@ class ChoiceStore:
                     json.dump(merged, out, indent=0, sort_keys=True)
                 os.replace(tmp, f)
             except OSError as e:  # a read-only cache: choices are timed at every start, as before
-                log.warning("choice store %s not written (%s)", f, e)
+                log.warning("choice store %s not written (%s); not trying again in this process", f, e)
+                self._files[device.index if device.index is not None else torch.cuda.current_device()] = None
