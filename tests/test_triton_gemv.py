@@ -46,7 +46,8 @@ def test_repack_keeps_bits_and_is_cached(weights, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("m", [1, 2, 3, 17])  # q8_0: FMA GEMV, tl.dot GEMV, decode + cuBLAS; 4-bit: 2 FMA, GEMM
+# q8_0: FMA GEMV, tl.dot GEMV, decode + cuBLAS; 4-bit: FMA GEMV, swapped GEMM (3-32 rows), GEMM
+@pytest.mark.parametrize("m", [1, 2, 3, 17, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_matmul_matches_torch(weights, name, m, dtype):
     p = weights[name]
@@ -138,3 +139,29 @@ def test_gemm4_slab_variant(name):
                                KIND=triton_soa._CODE[_kind(p)], IEEE=True, BLOCK_M=16, BLOCK_N=16, BG=2, WHOLE=False)
     ref = F.linear(x, p.dequantize())
     assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("name", ["q4", "q4_0"])
+@pytest.mark.parametrize("split,m", [(1, 20), (3, 19), (2, 70)])
+def test_gemm4_swapped(name, split, m):
+    """The swapped 4-bit GEMM (y^T = W x^T, activations as B) over a K tail
+    (K = 800: 4 groups, the last partial), odd N, several row tiles (70 rows: 64 + 6) and split K (3 splits of 2,
+    2 and 0 groups), twice: the split counters are reusable."""
+    from inferflow.quant import triton_q4_swap as t4s
+
+    n, k = 21, 800
+    p = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(7)), name)
+    codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
+    bias = torch.randn(n)
+    ws, cnt = t4s._split_buffers(torch.device("cpu"))
+    ref = F.linear(x, p.dequantize(), bias)
+    bm = t4s.tile_rows(m)
+    for _ in range(2):
+        y = torch.empty(m, n)
+        t4s.gemm4s.fn[(2, -(-m // bm), split)](
+            x, codes, scales, triton_kernels._scale_table(torch.device("cpu")), bias, y, ws, cnt, m, n, k,
+            codes.shape[1], x.stride(0), y.stride(0), 1 << (m - 1).bit_length(), HAS_BIAS=True,
+            KIND=triton_soa._CODE[_kind(p)], IEEE=True, BLOCK_M=bm, BLOCK_N=16, SPLIT=split, EVEN=False)
+        assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+        assert int(cnt.abs().sum()) == 0

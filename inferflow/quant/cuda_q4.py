@@ -104,14 +104,14 @@ def _mma_lib(device: torch.device, name: str = "q4_mma") -> ctypes.CDLL | None:
 
 def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
            kind: str, n: int, k: int, bias: torch.Tensor | None,
-           triton_call: Callable[[], torch.Tensor]) -> tuple[str, int]:
+           triton_call: Callable[[], torch.Tensor], baseline: str = "") -> tuple[str, int]:
     """The cached choice for this key, timed at the first eager call: (TRITON, 0), ("fma", config), ("mma",
-    config) or ("rows", config)."""
+    config) or ("rows", config). ``baseline`` names the Triton kernel ``triton_call`` runs: part of the key."""
     from ..native import cuda
 
     if not cuda.enabled():  # read at each call: A/B runs switch it between two engines' graph captures
         return TRITON, 0
-    key = (x2.shape[0], n, codes.shape[1], kind, x2.dtype, bias is not None, x2.device)
+    key = (x2.shape[0], n, codes.shape[1], kind, x2.dtype, bias is not None, baseline, x2.device)
     hit = _choice.get(key)
     if hit is not None:
         return hit
@@ -122,7 +122,7 @@ def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: 
             got = _stored(key, x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call)
             if got is None:
                 got = _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call)
-                STORE.put(key[:6], x2.device, list(got))
+                STORE.put(key[:7], x2.device, list(got))
             _choice[key] = got
     return _choice[key]
 
@@ -132,13 +132,14 @@ _NATIVE = Path(__file__).resolve().parent.parent / "native"
 STORE = choices.ChoiceStore("cuda_q4", [Path(__file__), Path(__file__).with_name("cuda_q4_mma.py"),
                                         Path(__file__).with_name("triton_q4.py"),
                                         Path(__file__).with_name("triton_soa.py"),
+                                        Path(__file__).with_name("triton_q4_swap.py"),
                                         *sorted(_NATIVE.glob("q4_*.cu*"))])
 
 
 def _stored(key: tuple, x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call) -> tuple[str, int] | None:
     """An earlier process's choice for ``key`` that still names a candidate here and matches Triton's result on
     these operands (one call each, as :func:`_time` checks a candidate; only the timing is skipped); else None."""
-    got = STORE.get(key[:6], x2.device)
+    got = STORE.get(key[:7], x2.device)
     if not (isinstance(got, list) and len(got) == 2 and isinstance(got[1], int)):
         return None
     choice = (str(got[0]), got[1])

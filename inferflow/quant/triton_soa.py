@@ -16,13 +16,15 @@ freed with the blocks, and a new tensor reusing a freed address is repacked afre
 dicts, moves off the GPU and the bit-exact reference path read them), so a weight on this path holds both forms.
 
 4-bit weights: up to :data:`FMA_MAX_ROWS` activation rows run the float32 FMA GEMV (triton_q4.gemv4), up to
-:data:`GEMM_MAX_ROWS` the dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4: no decoded copy), more rows (long
-prefills) decode the weight into a reused per-thread buffer and run one cuBLAS matmul. Up to
+:data:`GEMM_MAX_ROWS` a dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4, or triton_q4_swap.gemm4s for
+:data:`SWAP_ROWS` rows: no decoded copy), more rows (prefills, mixed steps) decode the weight into a reused
+per-thread buffer and run one cuBLAS matmul. Up to
 :data:`CUDA_MAX_ROWS`, the CUDA kernels of quant/cuda_q4.py run instead where they timed faster. q8_0: GEMV kernels
 (triton_gemv.py) up to :data:`GEMV_MAX_ROWS`, the decode + cuBLAS path above.
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Callable
@@ -32,9 +34,13 @@ import torch
 from . import cuda_q4
 
 GEMV_MAX_ROWS = 16
-GEMM_MAX_ROWS = 256         # 4-bit: the fused tl.dot GEMM up to here; above, decode + cuBLAS (compute-bound sizes)
+# 4-bit: the fused tl.dot GEMMs up to here; above, decode + cuBLAS. On an H200 (Qwen3-8B shapes, 2026-12-01) decode
+# + cuBLAS took 1.3-2.1x less GPU time per layer at 96-256 rows, yet eager prefill steps of 96-256 tokens, bound by
+# the host, took 0.86-0.97x the time fused (one launch per matmul, not two): tools/bench_q4_prefill_gpu.py
+GEMM_MAX_ROWS = 256
 FMA_MAX_ROWS = 2            # up to here: float32 FMA GEMV; above: tl.dot with rows padded to 16
 CUDA_MAX_ROWS = 64          # up to here the CUDA kernels (quant/cuda_q4.py) are timed against those two
+SWAP_ROWS = (3, 32)         # 16-bit activations: the swapped GEMM (triton_q4_swap.py), 1.2-1.3x gemm4 per layer
 DEQUANT_TILE = (32, 256)    # (BLOCK_N, BLOCK_K) of the dequantization kernel
 DEQUANT_MAX_ELEMS = 1 << 26  # prefill decodes at most this many weights at once (a vocabulary head: row chunks)
 _CODE = {"q4c": 0, "q8_0": 1, "q4_0": 2}
@@ -183,6 +189,7 @@ def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales
     """4-bit weights, up to GEMM_MAX_ROWS rows: the FMA GEMV or the dequant-fused tl.dot GEMM (triton_q4*.py)."""
     from . import triton_q4 as t4
     from . import triton_q4_gemm as t4g
+    from . import triton_q4_swap as t4s
 
     n, k = shape
     m, kw = x2.shape[0], codes.shape[1]
@@ -198,6 +205,8 @@ def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales
                 x2, codes, scales, tab, b, y, ws, cnt, n, k, kw, x2.stride(0), y.stride(0),
                 HAS_BIAS=bias is not None, KIND=_CODE[kind], MP=m)
             return y
+        if swapped(x2, interpreted):
+            return t4s.matmul(x2, codes, scales, tab, _CODE[kind], n, k, bias, y, interpreted)
         mb = 1 << (m - 1).bit_length()  # the autotune key: rows rounded up to a power of two
         t4g.gemm4[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), triton_cdiv(m, meta["BLOCK_M"]))](
             x2, codes, scales, tab, b, y, m, n, k, kw, x2.stride(0), y.stride(0), mb, HAS_BIAS=bias is not None,
@@ -205,12 +214,28 @@ def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales
         return y
 
     if not interpreted and m <= CUDA_MAX_ROWS and cuda_q4.supports(x2, kind, bias):
-        choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call)
+        baseline = "gemv4" if m <= FMA_MAX_ROWS else "gemm4s" if swapped(x2, False) else "gemm4"
+        choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call, baseline)
         if choice[0] != cuda_q4.TRITON:
             out = cuda_q4.run(choice, x2, blocks, codes, scales, tab, kind, n, k, bias, y)
             if out is not None:
                 return out
     return triton_call()
+
+
+def swapped(x2: torch.Tensor, interpreted: bool) -> bool:
+    """Whether Triton's 4-bit GEMM for these activations is the swapped one (triton_q4_swap.py): for
+    :data:`SWAP_ROWS` rows of bf16/fp16 on Hopper or later (float32 only under the interpreter, whose products are
+    IEEE), unless ``$INFERFLOW_Q4_SWAP`` is 0 (read at each call, so that an A/B run can capture one engine with
+    each)."""
+    if os.environ.get("INFERFLOW_Q4_SWAP", "1") in ("0", "false", "off"):
+        return False
+    if not SWAP_ROWS[0] <= x2.shape[0] <= SWAP_ROWS[1]:
+        return False
+    if interpreted:
+        return True
+    # Hopper and later only: measured there, and built for the warpgroup MMA's 64-row M side
+    return x2.dtype != torch.float32 and torch.cuda.get_device_capability(x2.device)[0] >= 9
 
 
 _split: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
