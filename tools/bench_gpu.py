@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q4", action="store_true")
     ap.add_argument("--q4-format", default="q4_0", help="load-time format of --q4: q4_0 (llama.cpp Q4_0 blocks, "
                     "quick to make) or q4 (inferflow's searched q4: minutes for an 8B model)")
-    ap.add_argument("--q4-ab", action="store_true", help="with --q4: also a q4 engine on Triton's kernels only "
-                    "(INFERFLOW_CUDA_KERNELS=0 while it captures its graphs), interleaved")
+    ap.add_argument("--q4-ab", nargs="?", const="INFERFLOW_CUDA_KERNELS=0", metavar="ENV=VALUE",
+                    help="with --q4: also a q4 engine captured with this variable set (default: "
+                    "INFERFLOW_CUDA_KERNELS=0, Triton's kernels only), interleaved")
     ap.add_argument("--serving", type=int, default=256, help="requests of the engine serving load (0: skip)")
     ap.add_argument("--phases", default="prefill,graphs,serving,decode,q4",
                     help="the parts to run after the checks (q4 also needs --q4)")
@@ -190,13 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         log(f"q4 model loaded; kernels {res['q4_kernels']}")
         qcfg = EngineConfig(**{**ecfg, "kv_cache_memory": min(8.0, ecfg["kv_cache_memory"])})
         engines = []
-        if args.q4_ab:  # a second q4 engine whose graphs captured the Triton GEMV (the CUDA kernel off meanwhile)
-            os.environ["INFERFLOW_CUDA_KERNELS"] = "0"
+        if args.q4_ab:  # a second q4 engine whose graphs captured its kernels with the variable set meanwhile
+            var, _, value = args.q4_ab.partition("=")
+            before = os.environ.get(var)
+            os.environ[var] = value
             qt = Engine(qm, qcfg)
             for b in batches:
                 ours_decode(qt, dprompts[b], 4, device)
-            os.environ["INFERFLOW_CUDA_KERNELS"] = "1"
-            engines.append(("q4 triton", qt))
+            if before is None:
+                os.environ.pop(var)
+            else:
+                os.environ[var] = before
+            engines.append(("q4 triton" if args.q4_ab == "INFERFLOW_CUDA_KERNELS=0" else f"q4 {args.q4_ab}", qt))
         qe = Engine(qm, qcfg)
         qs: dict[str, list[float]] = {}
         for b in batches:
