@@ -23,7 +23,7 @@ def _engine(m, static: bool, use_kernel: bool = False, **cfg) -> Engine:
                                     "max_num_seqs": 12, "async_scheduling": False, **cfg}))
     if static:  # the static step, eagerly (no graphs on the CPU), through the torch attention path or the kernel
         eng.runner.graphs = DecodeGraphs(m, eng.cache, eng.config.max_num_seqs, eng.max_model_len, graphs=False,
-                                         use_kernel=use_kernel)
+                                         use_kernel=use_kernel, chained_rows=eng.config.graph_prefill_tokens)
     return eng
 
 
@@ -131,7 +131,7 @@ def test_capture_all_at_start(tmp_path, monkeypatch):
     before = [(cache._dev[k].k.clone(), cache._dev[k].v.clone()) for k in cache._dev]
     free, seen = cache.pool.num_free, []
 
-    def capture(rows):
+    def capture(rows, chained=False):
         seen.append((rows, g.static.slots[:rows].tolist(), g.static.pos[:rows].tolist()))
         g._graphs[rows] = (None, g._eager(rows))
         return g._graphs[rows]
@@ -154,10 +154,10 @@ def test_capture_all_at_start(tmp_path, monkeypatch):
             assert torch.equal(flat[keep], flat0[keep]) and not torch.equal(flat[scratch], flat0[scratch])
     assert g.capture_all(cache.pool) == 5 and len(seen) == 5  # nothing left to capture
     g._graphs.clear()
-    monkeypatch.setattr(g, "_capture", lambda rows: seen.append(rows))  # a capture that fails: None
+    monkeypatch.setattr(g, "_capture", lambda rows, chained=False: seen.append(rows))  # a failed capture: None
     assert g.capture_all(cache.pool) == 0 and seen[-1] == 12 and cache.pool.num_free == free
 
-    def oom(rows):
+    def oom(rows, chained=False):
         if rows < 12:
             raise torch.OutOfMemoryError("CUDA out of memory")
         return capture(rows)
@@ -173,3 +173,70 @@ def test_engine_captures_at_start_when_asked(tmp_path, monkeypatch):
     engines = [_engine(m, False, async_scheduling=True, capture_graphs_at_start=at) for at in (True, False)]
     assert all(e.runner.graphs is not None for e in engines)  # forced async scheduling: static steps on the CPU too
     assert calls == [engines[0].cache.pool]
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_chained_prefill_rows_equal_normal_path(decoder, kv, monkeypatch):
+    """graph_prefill_tokens: a step with prefill chunks of up to 40 new tokens in all runs as the static step, each
+    token a decode row (its K/V stored before any row attends). Every such step runs both ways on the same cache
+    (same logits of the rows that sample), prompts sharing a prefix hit the prefix cache (chunks on cached keys),
+    prompts past 40 tokens run eagerly, and the greedy tokens are the normal path's."""
+    from inferflow.engine import paged_rows
+
+    prompts, outs = engine_models.mix(16, seed=5, max_prompt=30)
+    prompts += [prompts[0] + prompts[1], prompts[0][:9] + [4, 5], list(range(3, 50))]  # prefix hits, one too long
+    outs += [4, 3, 2]
+    params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
+    eng = _engine(decoder, static=True, use_kernel=DEVICE == "cuda", kv_cache_dtype=kv, graph_prefill_tokens=40)
+    g, runner, chained, eager, errs = eng.runner.graphs, eng.runner, [], [], []
+    assert g.chained_rows == 40 and g.buckets[-1] == 40 and g.decode_buckets == [1, 2, 4, 8, 16]
+    plain_run = runner.forward
+
+    def gathered(items):
+        monkeypatch.setitem(paged_rows._kernel, "ok", False)
+        try:
+            return plain_run(items)
+        finally:
+            monkeypatch.setitem(paged_rows._kernel, "ok", True)
+
+    def both(scheduled):
+        new = sum(sc.num_tokens for sc in scheduled)
+        if pure_decode(scheduled):
+            return type(runner).run(runner, scheduled)
+        ref = gathered([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + sc.num_tokens),
+                         int(sc.start + sc.num_tokens == sc.seq.num_tokens)) for sc in scheduled])
+        out = type(runner).run(runner, scheduled)
+        (chained if new <= 40 else eager).append((new, len(scheduled)))
+        errs.append(((out - ref).abs().max().item() / ref.abs().max().item(), out.shape == ref.shape))
+        return out
+
+    runner.run = both
+    got = [r.outputs[0].token_ids for r in eng.generate(prompts, params)]
+    eng.cache.pool.assert_clean()
+    # checked here, not in ``both``: the engine turns a step's exception into failed requests. int8: the chained
+    # rows read a chunk's own K/V back quantized, the eager pass attends to them as computed
+    assert all(same for _, same in errs) and max(e for e, _ in errs) <= (1e-5 if kv == "auto" else 1e-2)
+    assert chained and eager and any(k > 1 for _, k in chained)  # mixed steps of several chunks ran chained
+    assert eng.scheduler.num_cached_prompt_tokens > 0
+    plain = _engine(decoder, static=False, kv_cache_dtype=kv)
+    want = [r.outputs[0].token_ids for r in plain.generate(prompts, params)]
+    assert got == want
+
+
+def test_chained_graphs_captured_at_start(tmp_path, monkeypatch):
+    """capture_all captures the decode buckets, then the chained ones up to graph_prefill_tokens."""
+    m = engine_models.llama(tmp_path)
+    eng = _engine(m, True, graph_prefill_tokens=20)
+    g = eng.runner.graphs
+    seen = []
+
+    def capture(rows, chained=False):
+        seen.append((rows, chained))
+        (g._chained if chained else g._graphs)[rows] = (None, g._eager(rows, chained))
+        return True
+
+    monkeypatch.setattr(g, "_capture", capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    g.graphs_on = True
+    assert g.capture_all(eng.cache.pool) == 5 + 6
+    assert seen == [(r, False) for r in (16, 8, 4, 2, 1)] + [(r, True) for r in (20, 16, 8, 4, 2, 1)]

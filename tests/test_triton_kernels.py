@@ -133,6 +133,27 @@ def test_static_backend_kernel_vs_paged_backend(kernels, window, dtype):
     assert (out - ref).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_static_backend_chained_rows_vs_paged_backend(kernels, window):
+    """A prefill chunk as decode rows of the static step (graph_prefill_tokens): 4 new tokens of one sequence on
+    5 cached ones, beside another sequence's decode, through the kernel; each row sees the rows before it (their K/V
+    stored in the same step), as the engine's causal prefill does."""
+    g = torch.Generator().manual_seed(4)
+    bs, hkv, H, D = 4, 2, 4, 16
+    cache = PagedKVCache([KVLayer(0, hkv, D)], 16, bs, compute_dtype=torch.float32)
+    tables = [[3, 9, 1], [7, 2, 12, 5, 0]]
+    cache.write(0, cache.slot_mapping(tables, [0, 0], [5, 16]), *(torch.randn(21, hkv, D, generator=g) for _ in "kv"))
+    q, k, v = (torch.randn(5, h, D, generator=g) for h in (H, hkv, hkv))
+    slots = cache.slot_mapping(tables, [5, 16], [4, 1])
+    ctx = ForwardContext(positions=torch.tensor([5, 6, 7, 8, 16]), q_lens=[4, 1], k_lens=[9, 17], backend=None)
+    ref = PagedAttentionBackend(cache, tables, slots).self_attention(0, q, k, v, ctx, causal=True, scale=0.3,
+                                                                    window=window)
+    tab = torch.tensor([tables[0] + [0, 0]] * 4 + [tables[1]])
+    out = StaticDecodeBackend(cache, slots, tab, torch.tensor([6, 7, 8, 9, 17]), 20, use_kernel=True,
+                              chained=True).self_attention(0, q, k, v, ctx, causal=True, scale=0.3, window=window)
+    assert (out - ref).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("window,softcap", [(None, None), (4, None), (None, 3.0)])
 def test_mixed_step_decode_rows_take_the_kernel(kernels, monkeypatch, window, softcap):
     """The decode rows of mixed steps (and a lone one) read their keys in place through the Triton paged kernel,

@@ -19,7 +19,7 @@ from .kv_cache import PagedKVCache
 from . import varlen
 from .paged_backend import PagedAttentionBackend
 from .scheduler import Scheduled
-from .static_decode import decode_items, pure_decode
+from .static_decode import decode_items, pure_decode, token_rows
 
 
 class ModelRunner:
@@ -62,7 +62,8 @@ class ModelRunner:
         if (config is not None and (cuda or forced) and max_model_len and not self.encoder_decoder
                 and not cache.host_layers and not config.host_embeddings):
             self.graphs = DecodeGraphs(model, cache, config.max_num_seqs, max_model_len, graphs=config.cuda_graphs,
-                                       use_kernel=None if cuda else False)
+                                       use_kernel=None if cuda else False,
+                                       chained_rows=config.graph_prefill_tokens if config.cuda_graphs else 0)
         if cuda:
             varlen.warm_up(self.device, model.dtype)
         if self.graphs is not None and getattr(config, "capture_graphs_at_start", False):
@@ -75,6 +76,14 @@ class ModelRunner:
             items = decode_items(scheduled)
             if g.fits(len(items), max(p for _, p, _ in items) + 1):
                 return g.run(items)
+        elif (g is not None and g.chained_rows and scheduled
+              and sum(sc.num_tokens for sc in scheduled) <= g.chained_rows):
+            # a short step with prefill chunks as decode rows of a static step: one graph replay instead of an
+            # eager pass whose host time is 4-7x its GPU time (docs/benchmarks.md)
+            items, keep = token_rows(scheduled)
+            if g.fits_chained(len(items), max(p for _, p, _ in items) + 1):
+                logits = g.run(items, chained=True)
+                return logits if len(keep) == len(items) else logits[keep]
         return self.forward([(seq, sc.start, seq.tokens(sc.start, sc.start + sc.num_tokens),
                               int(sc.start + sc.num_tokens == seq.num_tokens)) for sc in scheduled for seq in (sc.seq,)])
 

@@ -1,6 +1,8 @@
 """The decode step with static shapes: what a CUDA graph captures (cuda_graphs.py), also runnable eagerly.
 
-A pure-decode batch of ``n`` sequences runs padded to a bucket of ``B >= n`` rows. Every per-step input lives
+A pure-decode batch of ``n`` sequences runs padded to a bucket of ``B >= n`` rows. A short step with prefill chunks
+can run here too (``chained``), each new token a decode row at its position whose keys end at itself, as the CPU's
+native step does (model_runner.py). Every per-step input lives
 in one persistent device buffer (token ids, positions, KV slots, key counts and block tables padded to the
 widest table ``max_model_len`` needs), filled by ONE host->device copy from a pinned staging buffer. Nothing
 in the step reads a Python value that changes between steps, and nothing syncs with the host, so the same
@@ -32,10 +34,13 @@ class StaticDecodeBackend(AttentionBackend):
     """Self-attention for decode rows from static tensors: slots [B], tables [B, W], lens [B] (keys incl. new)."""
 
     def __init__(self, cache: PagedKVCache, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                 max_len: int, use_kernel: bool):
+                 max_len: int, use_kernel: bool, chained: bool = False):
         super().__init__()
         self.cache, self.slots, self.tables, self.lens, self.max_len = cache, slots, tables, lens, max_len
         self.use_kernel = use_kernel
+        # chained: rows of one sequence (a prefill chunk, each token a row) attend to K/V that other rows of the
+        # step store, so every row's K/V is stored before any row attends (not inside the attention kernel)
+        self.chained = chained
         self._memo: dict = {}
 
     def self_attention(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, *,
@@ -84,7 +89,7 @@ class StaticDecodeBackend(AttentionBackend):
 
         kv, key, h, hkv, d = self.cache, attn.cache_key, attn.h, attn.hkv, attn.d
         store = kv._dev.get(key)
-        if (not self.use_kernel or not _fuse["ok"] or os.environ.get(FUSE_ENV, "1") == "0"
+        if (self.chained or not self.use_kernel or not _fuse["ok"] or os.environ.get(FUSE_ENV, "1") == "0"
                 or not fused_qk_rope.wanted(qkv) or os.environ.get(fused_qk_rope.KV_ENV, "1") == "0"
                 or store is None or kv.quantized or store.device != qkv.device or not store.k.is_floating_point()
                 or qkv.dim() != 2 or qkv.shape[1] != (h + 2 * hkv) * d or qkv.stride(-1) != 1
@@ -162,10 +167,11 @@ class StaticDecode:
         if feed is not None:  # after the copy on the same stream: overwrites the staged (unknown) ids
             torch.index_select(feed[0], 0, self.src[:rows], out=self.ids[:rows])
 
-    def forward(self, rows: int) -> torch.Tensor:
-        """float32 logits [rows, vocab] of the staged batch (static shapes; capturable)."""
+    def forward(self, rows: int, chained: bool = False) -> torch.Tensor:
+        """float32 logits [rows, vocab] of the staged batch (static shapes; capturable). ``chained``: rows may be
+        tokens of one sequence (see StaticDecodeBackend)."""
         backend = StaticDecodeBackend(self.cache, self.slots[:rows], self.tables[:rows], self.lens[:rows],
-                                      self.max_len, self.use_kernel)
+                                      self.max_len, self.use_kernel, chained)
         ones = [1] * rows
         return self.model.forward_packed(self.ids[:rows], self.pos[:rows], ones, ones, backend)
 
@@ -177,4 +183,17 @@ def pure_decode(scheduled: Sequence[Any]) -> bool:
 
 def decode_items(scheduled: Sequence[Any]) -> list[tuple[Any, int, int]]:
     return [(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1)[0]) for sc in scheduled]
+
+
+def token_rows(scheduled: Sequence[Any]) -> tuple[list[tuple[Any, int, int]], list[int]]:
+    """Every new token of the scheduled chunks as a ``(sequence, position, token)`` decode row, and the rows whose
+    logits the step returns: each chunk's last token where it ends at the sequence's last token, in order."""
+    items: list[tuple[Any, int, int]] = []
+    keep: list[int] = []
+    for sc in scheduled:
+        seq, s = sc.seq, sc.start
+        items += zip([seq] * sc.num_tokens, range(s, s + sc.num_tokens), seq.tokens(s, s + sc.num_tokens))
+        if s + sc.num_tokens == seq.num_tokens:
+            keep.append(len(items) - 1)
+    return items, keep
 
