@@ -27,6 +27,23 @@ def _engine(m, static: bool, use_kernel: bool = False, **cfg) -> Engine:
     return eng
 
 
+def _gathered(runner, monkeypatch):
+    """``runner.forward`` with the mixed step's decode rows on the gather path (not the kernel the static step
+    may also use): the reference pass."""
+    from inferflow.engine import paged_rows
+
+    plain_run = runner.forward
+
+    def gathered(items):
+        monkeypatch.setitem(paged_rows._kernel, "ok", False)
+        try:
+            return plain_run(items)
+        finally:
+            monkeypatch.setitem(paged_rows._kernel, "ok", True)
+
+    return gathered
+
+
 def test_buckets():
     assert buckets(1) == [1]
     assert buckets(12) == [1, 2, 4, 8, 12]
@@ -38,20 +55,11 @@ def test_static_step_equals_normal_path(decoder, kv, monkeypatch):
     """Every pure-decode step runs both ways on the same cache: same logits; then same greedy tokens overall. On
     CUDA the static step takes the paged decode kernel and the normal path the gather (an int8 cache: codes and
     scales read in place against dequantized gathers of the same codes)."""
-    from inferflow.engine import paged_rows
-
     prompts, outs = engine_models.mix(20, seed=3)
     params = [SamplingParams(temperature=0.0, max_tokens=k) for k in outs]
     eng = _engine(decoder, static=True, use_kernel=DEVICE == "cuda", kv_cache_dtype=kv)
     runner, checked = eng.runner, []
-    plain_run = runner.forward
-
-    def gathered(items):
-        monkeypatch.setitem(paged_rows._kernel, "ok", False)
-        try:
-            return plain_run(items)
-        finally:
-            monkeypatch.setitem(paged_rows._kernel, "ok", True)
+    gathered = _gathered(runner, monkeypatch)
 
     def both(scheduled):
         ref = gathered([(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1), 1) for sc in scheduled]) \
@@ -181,8 +189,6 @@ def test_chained_prefill_rows_equal_normal_path(decoder, kv, monkeypatch):
     token a decode row (its K/V stored before any row attends). Every such step runs both ways on the same cache
     (same logits of the rows that sample), prompts sharing a prefix hit the prefix cache (chunks on cached keys),
     prompts past 40 tokens run eagerly, and the greedy tokens are the normal path's."""
-    from inferflow.engine import paged_rows
-
     prompts, outs = engine_models.mix(16, seed=5, max_prompt=30)
     prompts += [prompts[0] + prompts[1], prompts[0][:9] + [4, 5], list(range(3, 50))]  # prefix hits, one too long
     outs += [4, 3, 2]
@@ -190,14 +196,7 @@ def test_chained_prefill_rows_equal_normal_path(decoder, kv, monkeypatch):
     eng = _engine(decoder, static=True, use_kernel=DEVICE == "cuda", kv_cache_dtype=kv, graph_prefill_tokens=40)
     g, runner, chained, eager, errs = eng.runner.graphs, eng.runner, [], [], []
     assert g.chained_rows == 40 and g.buckets[-1] == 40 and g.decode_buckets == [1, 2, 4, 8, 16]
-    plain_run = runner.forward
-
-    def gathered(items):
-        monkeypatch.setitem(paged_rows._kernel, "ok", False)
-        try:
-            return plain_run(items)
-        finally:
-            monkeypatch.setitem(paged_rows._kernel, "ok", True)
+    gathered = _gathered(runner, monkeypatch)
 
     def both(scheduled):
         new = sum(sc.num_tokens for sc in scheduled)

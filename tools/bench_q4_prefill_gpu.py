@@ -10,26 +10,16 @@ prints the medians of the prefill times (ms) and their ratio.
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inferflow  # noqa: E402
-from inferflow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from bench_short_prefill_gpu import first_token_ms, interleave  # noqa: E402
+from inferflow.engine import Engine, EngineConfig  # noqa: E402
 from inferflow.quant import triton_soa  # noqa: E402
-
-
-def prefill_ms(eng: Engine, prompt: list[int]) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    h = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-    while eng.has_unfinished():
-        eng.step()
-    torch.cuda.synchronize()
-    assert h.result().outputs[0].token_ids
-    return (time.perf_counter() - t0) * 1e3
 
 
 def main() -> None:
@@ -51,14 +41,12 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     lens = [int(v) for v in a.lens.split(",")]
     settings = {"fused": a.fused_max, "decode+cublas": a.decode_above}
-    times: dict[tuple[str, int], list[float]] = {}
-    for r in range(a.rounds + 1):  # round 0 warms up (autotune, first calls)
-        for n in lens:
-            for name, limit in settings.items():
-                triton_soa.GEMM_MAX_ROWS = limit
-                ms = prefill_ms(eng, torch.randint(10, 32000, (n,), generator=g).tolist())
-                if r:
-                    times.setdefault((name, n), []).append(ms)
+
+    def run(name: str, n: int) -> float:
+        triton_soa.GEMM_MAX_ROWS = settings[name]
+        return first_token_ms(eng, torch.randint(10, 32000, (n,), generator=g).tolist(), "cuda")
+
+    times = interleave(list(settings), lens, a.rounds, run)
     for n in lens:
         f, d = (statistics.median(times[(s, n)]) for s in settings)
         print(f"prefill {n} tokens: fused GEMM (to {a.fused_max} rows) {f:.2f} ms, decode + cuBLAS {d:.2f} ms, "
@@ -71,7 +59,7 @@ def main() -> None:
         prompts = [torch.randint(10, 32000, (a.cprofile,), generator=g).tolist() for _ in range(5)]
         pr = cProfile.Profile()
         pr.enable()
-        ms = [prefill_ms(eng, p) for p in prompts]
+        ms = [first_token_ms(eng, p, "cuda") for p in prompts]
         pr.disable()
         print(f"cProfiled prefills of {a.cprofile} tokens: {[round(t, 2) for t in ms]} ms")
         st = pstats.Stats(pr)
@@ -82,7 +70,7 @@ def main() -> None:
 
         prompt = torch.randint(10, 32000, (a.profile,), generator=g).tolist()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            ms = prefill_ms(eng, prompt)
+            ms = first_token_ms(eng, prompt, "cuda")
         print(f"profiled prefill of {a.profile} tokens: {ms:.2f} ms")
         table = prof.key_averages()
         print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))

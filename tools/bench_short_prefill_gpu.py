@@ -32,6 +32,18 @@ def first_token_ms(eng: Engine, prompt: list[int], device: str) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def interleave(names: list[str], lens: list[int], rounds: int, run) -> dict[tuple[str, int], list[float]]:
+    """``run(name, n)`` ms for every length and name, ``rounds`` times interleaved after one warm-up round."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds + 1):
+        for n in lens:
+            for name in names:
+                ms = run(name, n)
+                if r:
+                    times.setdefault((name, n), []).append(ms)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -55,13 +67,7 @@ def main() -> None:
             for _ in range(a.decoding):
                 eng.add_request(rand(32), SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True))
     lens = [int(v) for v in a.lens.split(",")]
-    times: dict[tuple[str, int], list[float]] = {}
-    for r in range(a.rounds + 1):  # round 0 warms up
-        for n in lens:
-            for name, eng in engines.items():
-                ms = first_token_ms(eng, rand(n), a.device)
-                if r:
-                    times.setdefault((name, n), []).append(ms)
+    times = interleave(list(engines), lens, a.rounds, lambda name, n: first_token_ms(engines[name], rand(n), a.device))
     for n in lens:
         e, gr = (statistics.median(times[(k, n)]) for k in engines)
         print(f"prompt {n} tokens{f' beside {a.decoding} decoding' if a.decoding else ''}: eager {e:.2f} ms, "
