@@ -239,3 +239,11 @@ def test_chained_graphs_captured_at_start(tmp_path, monkeypatch):
     g.graphs_on = True
     assert g.capture_all(eng.cache.pool) == 5 + 6
     assert seen == [(r, False) for r in (16, 8, 4, 2, 1)] + [(r, True) for r in (20, 16, 8, 4, 2, 1)]
+
+
+@pytest.mark.parametrize("bad", [-1, 513, 1.5])
+def test_graph_prefill_tokens_is_checked(bad):
+    from inferflow.errors import InferflowError
+
+    with pytest.raises(InferflowError, match="graph_prefill_tokens .* expected an integer from 0 .off. to 512"):
+        EngineConfig(graph_prefill_tokens=bad)

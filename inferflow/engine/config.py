@@ -54,8 +54,9 @@ class EngineConfig:
         for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting", "num_speculative_tokens"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise bad(key, "a positive integer")
-        if not isinstance(self.graph_prefill_tokens, int) or self.graph_prefill_tokens < 0:
-            raise bad("graph_prefill_tokens", "a non-negative integer")
+        # the step's head makes float32 logits for every row: 512 rows of a 152k vocabulary are 311 MB
+        if not isinstance(self.graph_prefill_tokens, int) or not 0 <= self.graph_prefill_tokens <= 512:
+            raise bad("graph_prefill_tokens", "an integer from 0 (off) to 512")
         if self.preemption_mode not in ("recompute", "swap"):
             raise bad("preemption_mode", "'recompute' or 'swap'")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in STORE_DTYPES:
