@@ -247,3 +247,23 @@ def test_graph_prefill_tokens_is_checked(bad):
 
     with pytest.raises(InferflowError, match="graph_prefill_tokens .* expected an integer from 0 .off. to 512"):
         EngineConfig(graph_prefill_tokens=bad)
+
+
+def test_prepare_stages_each_rows_table(tmp_path):
+    """prepare: runs of rows of one sequence (a chained step) take their table by one copy, other rows their own;
+    every staged row holds its sequence's table, slot and key count, padded rows repeat row 0."""
+    m = engine_models.llama(tmp_path)
+    eng = _engine(m, True, graph_prefill_tokens=12)
+    st, bs = eng.runner.graphs.static, eng.cache.block_size
+
+    class Seq:
+        def __init__(self, table):
+            self.block_table = table
+
+    a, b, c = Seq([7, 3, 9]), Seq([2]), Seq([5, 6])
+    items = [(a, 0, 11), (a, 1, 12), (a, 9, 13), (b, 2, 14), (a, 4, 15), (a, 5, 16), (c, 6, 17)]
+    st.prepare(items, 8)
+    for i, (seq, p, tok) in enumerate(items + [items[0]]):  # row 7: padding, row 0 again
+        t = seq.block_table
+        assert st.tables[i, :len(t)].tolist() == t and st.ids[i] == tok and st.pos[i] == p
+        assert st.slots[i] == t[p // bs] * bs + p % bs and st.lens[i] == p + 1

@@ -152,10 +152,17 @@ class StaticDecode:
         B, W, bs = self.max_batch, self.width, self.cache.block_size
         n = len(items)
         tabs = a[5 * B:].reshape(B, W)
+        prev, run = None, 0
         for i, (seq, p, tok) in enumerate(items):
             table = seq.block_table
             a[i], a[B + i], a[2 * B + i], a[3 * B + i] = tok, p, table[p // bs] * bs + p % bs, p + 1
-            tabs[i, :len(table)] = table
+            if table is not prev:  # a chained step's rows share their sequence's table: one copy per run of rows
+                if i - run > 1:
+                    tabs[run + 1:i] = tabs[run]
+                tabs[i, :len(table)] = table
+                prev, run = table, i
+        if n - run > 1:
+            tabs[run + 1:n] = tabs[run]
         if feed is not None:
             a[4 * B:4 * B + n] = feed[1]
         if rows > n:
