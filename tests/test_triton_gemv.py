@@ -159,9 +159,45 @@ def test_gemm4_swapped(name, split, m):
     bm = t4s.tile_rows(m)
     for _ in range(2):
         y = torch.empty(m, n)
-        t4s.gemm4s.fn[(2, -(-m // bm), split)](
+        t4s._gemm4s[(2, -(-m // bm), split)](
             x, codes, scales, triton_kernels._scale_table(torch.device("cpu")), bias, y, ws, cnt, m, n, k,
             codes.shape[1], x.stride(0), y.stride(0), 1 << (m - 1).bit_length(), HAS_BIAS=True,
             KIND=triton_soa._CODE[_kind(p)], IEEE=True, BLOCK_M=bm, BLOCK_N=16, SPLIT=split, EVEN=False)
         assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
         assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n,kw,mb", [(151936, 128, 16), (4096, 32, 32)])
+def test_gemm4_swapped_prune_never_splits_past_the_workspace(n, kw, mb):
+    """A shape whose partials overflow the split-K workspace (a vocab-wide head at 16 rows), or whose K has a
+    single group, is never given a split config, even by a list of split ones only."""
+    import triton
+
+    from inferflow.quant import triton_q4_swap as t4s
+
+    split_only = [triton.Config({"BLOCK_N": 64, "SPLIT": 2}, num_warps=4, num_stages=3)]
+    kept = t4s._prune(split_only, {"N": n, "KW": kw, "MB": mb})
+    assert [(c.kwargs["SPLIT"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(1, 64, 3)]
+    assert not t4s._fits(2, t4s.MAX_TILE_ROWS, n, kw // 32, mb)
+    assert all(c.kwargs["SPLIT"] == 1 for c in t4s.gemm4s_whole.configs)
+
+
+def test_gemm4_swapped_unsplit_where_no_split_fits(monkeypatch):
+    """matmul sends a shape whose partials the workspace cannot hold to the unsplit kernel (Triton skips pruning
+    for a one-config list, so pruning alone would run the split one and write past the workspace): the workspace
+    stays untouched and the product is right."""
+    from inferflow.quant import triton_q4_swap as t4s
+
+    n, k = 21, 1024  # 4 groups: a split of 2 fits the real workspace
+    p = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(7)), "q4_0")
+    codes, scales = triton_soa.soa(p.data, _kind(p), p.shape)
+    x = torch.randn(20, k, generator=torch.Generator().manual_seed(9))
+    ws, _ = t4s._split_buffers(torch.device("cpu"))
+    ws[:4096] = float("nan")
+    assert t4s._fits(2, t4s.MAX_TILE_ROWS, n, 4, 32)
+    monkeypatch.setattr(t4s, "SPLIT_WS_FLOATS", 64)  # 2 splits x 32 rows x 21 outputs no longer fit
+    y = t4s.matmul(x, codes, scales, triton_kernels._scale_table(torch.device("cpu")), triton_soa._CODE["q4_0"],
+                   n, k, None, torch.empty(20, n), True)
+    ref = F.linear(x, p.dequantize())
+    assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert bool(ws[:4096].isnan().all())

@@ -63,7 +63,7 @@ def main() -> None:
                     kw = cfg.kwargs
 
                     def swap(kw=kw, cfg=cfg):
-                        return t4s.gemm4s.fn[(-(-n // kw["BLOCK_N"]), -(-m // bm), kw["SPLIT"])](
+                        return t4s._gemm4s[(-(-n // kw["BLOCK_N"]), -(-m // bm), kw["SPLIT"])](
                             x, codes, scales, tab, y, y, ws, cnt, m, n, k, codes.shape[1], x.stride(0), y.stride(0),
                             mb, HAS_BIAS=False, KIND=code, IEEE=False, BLOCK_M=bm, EVEN=k % 256 == 0, **kw,
                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -42,23 +42,27 @@ def _configs():
     return [triton.Config({"BLOCK_N": bn, "SPLIT": sk}, num_warps=w, num_stages=st) for bn, w, st, sk in tiles]
 
 
+def _fits(split: int, block_n: int, n: int, ng: int, mb: int) -> bool:
+    """A split of K fits: its partials the workspace, its tiles the counters, and each split has 2 groups."""
+    tiles = -(-n // block_n) * -(-mb // MAX_TILE_ROWS)
+    return split == 1 or (split * mb * n <= SPLIT_WS_FLOATS and tiles <= SPLIT_TILES and ng >= 2 * split)
+
+
+def _unsplit(c):
+    return triton.Config({**c.kwargs, "SPLIT": 1}, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
 def _prune(configs, named_args, **kwargs):
-    """Split K only where the partials fit the workspace, the tiles the counters, and each split has 2 groups."""
+    """The configs whose split fits (see :func:`_fits`); where none does, the first one unsplit. Triton prunes only
+    lists of two or more, so :func:`matmul` sends shapes that no split fits to :data:`gemm4s_whole`."""
     n, ng, mb = named_args["N"], named_args["KW"] // 32, named_args["MB"]
-    keep = []
-    for c in configs:
-        sk, bn = c.kwargs["SPLIT"], c.kwargs["BLOCK_N"]
-        tiles = -(-n // bn) * -(-mb // MAX_TILE_ROWS)
-        if sk == 1 or (sk * mb * n <= SPLIT_WS_FLOATS and tiles <= SPLIT_TILES and ng >= 2 * sk):
-            keep.append(c)
-    return keep or configs[:1]
+    keep = [c for c in configs if _fits(c.kwargs["SPLIT"], c.kwargs["BLOCK_N"], n, ng, mb)]
+    return keep or [_unsplit(configs[0])]
 
 
-@autotune(configs=_configs(), key=["MB", "N", "KW", "KIND"], prune_configs_by={"early_config_prune": _prune},
-          do_bench=_graph_bench)
 @triton.heuristics({"EVEN": lambda a: a["K"] % 256 == 0})
 @triton.jit
-def gemm4s(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KW, sxm, sym, MB,
+def _gemm4s(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KW, sxm, sym, MB,
            HAS_BIAS: tl.constexpr, KIND: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
            BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr):
     # MB: rows rounded up to a power of two (the autotune key); BLOCK_M = tile_rows(M), passed by the caller
@@ -115,6 +119,14 @@ def gemm4s(x_ptr, q_ptr, s_ptr, tab_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
         _store(acc, b_ptr, y_ptr, rn, rm, nmask, mmask, sym, HAS_BIAS)
 
 
+_KEY = ["MB", "N", "KW", "KIND"]
+gemm4s = autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune},
+                  do_bench=_graph_bench)(_gemm4s)
+# the same kernel, never split: for shapes whose partials no workspace holds (a vocabulary-wide head at 16+ rows)
+gemm4s_whole = autotune(configs=list({repr(_unsplit(c)): _unsplit(c) for c in _configs()}.values()), key=_KEY,
+                        do_bench=_graph_bench)(_gemm4s)
+
+
 @triton.jit
 def _store(acc, b_ptr, y_ptr, rn, rm, nmask, mmask, sym, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
@@ -145,7 +157,8 @@ def matmul(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: tor
     ws, cnt = _split_buffers(x2.device)
     bm = tile_rows(m)
     mb = 1 << (m - 1).bit_length()
-    gemm4s[lambda meta: (-(-n // meta["BLOCK_N"]), -(-m // bm), meta["SPLIT"])](
+    kernel = gemm4s if _fits(2, MAX_TILE_ROWS, n, codes.shape[1] // 32, mb) else gemm4s_whole
+    kernel[lambda meta: (-(-n // meta["BLOCK_N"]), -(-m // bm), meta["SPLIT"])](
         x2, codes, scales, tab, bias if bias is not None else y, y, ws, cnt, m, n, k, codes.shape[1], x2.stride(0),
         y.stride(0), mb, HAS_BIAS=bias is not None, KIND=kind_code, IEEE=ieee, BLOCK_M=bm)
     return y
