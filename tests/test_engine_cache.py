@@ -157,3 +157,29 @@ def test_kv_placement_and_dtype(model, cfg):
     else:  # 8-bit K/V: a close approximation; the first tokens come from the unquantised prefill
         assert sum(g[:1] == w[:1] for g, w in zip(got, want)) >= 7
     eng.cache.pool.assert_clean()
+
+
+@pytest.mark.parametrize("cfg", [{}, {"async_scheduling": True, "graph_prefill_tokens": 16}])
+def test_dropped_engine_frees_its_kv_cache_with_the_collector_frozen(model, cfg):
+    """A process can make and drop engines (a notebook, a benchmark of configs): a dropped engine frees its KV
+    cache at once by reference counting. The decode-graph capture calls gc.freeze(), after which the cycle
+    collector never looks at any object made so far, so a reference cycle through the engine would keep its cache
+    for the life of the process."""
+    import gc
+    import weakref
+
+    eng = _engine(model, **cfg)
+    eng.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=4, use_beam_search=True, beam_width=2))
+    eng.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
+    stores = [s for s in eng.cache._dev.values()]
+    tensors = [weakref.ref(t) for s in stores for t in (getattr(s, k) for k in s.__slots__) if isinstance(t, torch.Tensor)]
+    assert tensors
+    gone = weakref.ref(eng)
+    gc.collect()
+    gc.freeze()
+    try:
+        del eng, stores
+        assert gone() is None
+        assert all(t() is None for t in tensors)
+    finally:
+        gc.unfreeze()

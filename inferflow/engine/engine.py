@@ -10,6 +10,7 @@ import atexit
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Sequence as Seq
 
@@ -53,16 +54,20 @@ class Engine(RequestAPI, BackgroundStepping):
         gen = torch.Generator(device=model.device).manual_seed(self.config.seed)
         self.sampler = Sampler(vocab or 0, self.eos_ids, generator=gen)
         self.counters = EngineCounters()
-        self.embeddings = EmbeddingQueue(self)
+        # the helpers see the engine through a weak proxy: no reference cycle through it, so a dropped engine
+        # frees its KV cache and graphs at once, by reference counting, even after the graph capture's gc.freeze()
+        # has put every object of the process out of the cycle collector's reach
+        me = weakref.proxy(self)
+        self.embeddings = EmbeddingQueue(me)
         self.intake = RequestIntake(model, self.config, self.max_model_len)
-        self.spec = Speculator(self, self.draft) if self.draft is not None else None
-        self.beams = BeamSearch(self)
+        self.spec = Speculator(me, self.draft) if self.draft is not None else None
+        self.beams = BeamSearch(me)
         self.profiler = StepProfiler.from_env()  # a trace of a few steps ($INFERFLOW_PROFILE_DIR)
         self.step_log = StepLog.from_env()       # a line per step ($INFERFLOW_STEP_LOG)
         if self.step_log is not None:
             atexit.register(self.step_log.flush)
         # pure-decode steps launched before the previous one's tokens are read (overlap.py)
-        self.overlap = OverlapDecode(self) if OverlapDecode.wanted(self) else None
+        self.overlap = OverlapDecode(me) if OverlapDecode.wanted(self) else None
         self._requests: dict[str, Request] = {}
         self._inbox: deque[Request] = deque()
         self._aborts: list[str] = []
