@@ -180,10 +180,10 @@ def test_failing_step_fails_only_its_culprit(model):
     real = eng.runner.graphs.run
     poison = eng.add_request([7, 7, 7], SamplingParams(temperature=0.0, max_tokens=12), request_id="poison")
 
-    def faulty(items, feed=None):
+    def faulty(items, feed=None, **kw):
         if any(seq.request is poison._request and len(seq.output_ids) >= 3 for seq, *_ in items):
             raise RuntimeError("injected fault")
-        return real(items, feed)
+        return real(items, feed, **kw)
 
     eng.runner.graphs.run = faulty
     got = _run(eng, prompts, params)

@@ -19,8 +19,10 @@ def decoder(request, tmp_path_factory):
 
 def _engine(m, static: bool, use_kernel: bool = False, **cfg) -> Engine:
     # synchronous steps: every decode goes through ModelRunner.run (overlapped steps: test_engine_overlap.py)
+    # graph_prefill_tokens 0 unless a test asks: the decode tests compare pure-decode steps only
     eng = Engine(m, EngineConfig(**{"block_size": 4, "num_blocks": 256, "max_num_batched_tokens": 48,
-                                    "max_num_seqs": 12, "async_scheduling": False, **cfg}))
+                                    "max_num_seqs": 12, "async_scheduling": False, "graph_prefill_tokens": 0,
+                                    **cfg}))
     if static:  # the static step, eagerly (no graphs on the CPU), through the torch attention path or the kernel
         eng.runner.graphs = DecodeGraphs(m, eng.cache, eng.config.max_num_seqs, eng.max_model_len, graphs=False,
                                          use_kernel=use_kernel, chained_rows=eng.config.graph_prefill_tokens)

@@ -58,7 +58,7 @@ def main() -> None:
                            quant=None if a.quant == "none" else a.quant)
     base = dict(max_num_seqs=max(8, a.decoding + 1), max_model_len=1024, enable_prefix_caching=False,
                 kv_cache_memory=4.0)
-    engines = {"eager": Engine(model, EngineConfig(**base)),
+    engines = {"eager": Engine(model, EngineConfig(**base, graph_prefill_tokens=0)),
                "graphs": Engine(model, EngineConfig(**base, graph_prefill_tokens=a.tokens))}
     g = torch.Generator().manual_seed(0)
     rand = lambda n: torch.randint(10, 32000, (n,), generator=g).tolist()  # noqa: E731
