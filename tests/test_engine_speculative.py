@@ -2,7 +2,6 @@
 preemption, a truncated or an independent draft, an encoder-decoder), the accept / resample rule keeps the target
 distribution (hand-made p and q, and through the engine), seeded requests reproducible, acceptance counted, no
 block leak; and the must-show: speculative greedy equals plain greedy on the default model."""
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -52,6 +51,37 @@ def test_greedy_equals_plain_greedy(llama):
     got, _ = _run(llama, prompts, _greedy(outs), enable_prefix_caching=False, num_speculative_tokens=2,
                   max_num_batched_tokens=24, **spec)
     assert got == want
+
+
+def test_passes_as_chained_rows(llama):
+    """On CUDA, a pass of at most graph_prefill_tokens new tokens replays a static step's graph, each token a decode
+    row: the target's verification (chunks, and k drafts + 1 per speculating sequence) and the draft's passes (one
+    token per sequence, or short chunks). The same static steps run eagerly here, one per model: greedy outputs
+    equal the model's, and both models' passes ran as chained rows."""
+    from inferflow.engine.cuda_graphs import DecodeGraphs
+
+    prompts, outs = engine_models.mix(8, seed=4, max_out=12)
+    want = [llama.generate_ids(p, max_new_tokens=k) for p, k in zip(prompts, outs)]
+    eng = Engine(llama, EngineConfig(block_size=4, num_blocks=256, max_num_batched_tokens=64, native_decode=False,
+                                     async_scheduling=False, speculative_model=str(llama.source.path),
+                                     speculative_draft_layers=1, num_speculative_tokens=3))
+    passes = {"target": [], "draft": []}
+    for name, runner in (("target", eng.runner), ("draft", eng.spec.runner)):
+        g = runner.graphs = DecodeGraphs(runner.model, eng.cache, eng.config.max_num_seqs, eng.max_model_len,
+                                         graphs=False, use_kernel=False, chained_rows=40)
+
+        def run(items, feed=None, chained=False, real=g.run, seen=passes[name]):
+            seen.append((len(items), len({id(s) for s, _, _ in items}), chained))
+            return real(items, feed, chained=chained)
+
+        g.run = run
+    res = eng.generate(prompts, _greedy(outs))
+    assert [r.outputs[0].token_ids for r in res] == want
+    # verification passes (up to 3 drafts + 1 rows per sequence) ran chained; the first, 80 tokens, eagerly
+    assert sum(chained and rows > seqs for rows, seqs, chained in passes["target"]) >= 3
+    assert sum(chained and rows == seqs for rows, seqs, chained in passes["draft"]) >= 3  # draft steps
+    assert eng.metrics()["spec_accepted_tokens"] > 0
+    eng.cache.pool.assert_clean()
 
 
 def test_independent_draft_and_errors(llama, tmp_path):

@@ -30,11 +30,11 @@ def _engine(m, static: bool, use_kernel: bool = False, **cfg) -> Engine:
 
 
 def _gathered(runner, monkeypatch):
-    """``runner.forward`` with the mixed step's decode rows on the gather path (not the kernel the static step
-    may also use): the reference pass."""
+    """``runner.forward_eager`` (the packed pass, never a static step) with the mixed step's decode rows on the
+    gather path (not the kernel the static step may also use): the reference pass."""
     from inferflow.engine import paged_rows
 
-    plain_run = runner.forward
+    plain_run = runner.forward_eager
 
     def gathered(items):
         monkeypatch.setitem(paged_rows._kernel, "ok", False)

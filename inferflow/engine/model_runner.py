@@ -76,23 +76,32 @@ class ModelRunner:
             items = decode_items(scheduled)
             if g.fits(len(items), max(p for _, p, _ in items) + 1):
                 return g.run(items)
-        elif (g is not None and g.chained_rows and scheduled
-              and sum(sc.num_tokens for sc in scheduled) <= g.chained_rows):
-            # a short step with prefill chunks as decode rows of a static step: one graph replay instead of an
-            # eager pass whose host time is 4-7x its GPU time (docs/benchmarks.md)
-            items, keep = token_rows(scheduled)
-            if g.fits_chained(len(items), max(p for _, p, _ in items) + 1):
-                logits = g.run(items, chained=True)
-                return logits if len(keep) == len(items) else logits[keep]
         return self.forward([(seq, sc.start, seq.tokens(sc.start, sc.start + sc.num_tokens),
                               int(sc.start + sc.num_tokens == seq.num_tokens)) for sc in scheduled for seq in (sc.seq,)])
 
     def forward(self, items: Sequence[tuple[Any, int, list[int], int]]) -> torch.Tensor:
-        """One packed pass over ``(sequence, first position, new token ids, rows)`` items: float32 logits of each
-        item's last ``rows`` tokens, in order. The ids need not be the sequence's own (speculative drafts)."""
-        nd = self.native
-        if nd is not None and sum(len(t) for _, _, t, _ in items) <= nd.max_rows:
-            return self._native_rows(nd, items)
+        """One pass over ``(sequence, first position, new token ids, rows)`` items: float32 logits of each item's
+        last ``rows`` tokens, in order. The ids need not be the sequence's own (speculative drafts).
+
+        A pass of few new tokens in all (prefill chunks, mixed steps, speculative verification) runs each token as
+        a decode row of one step: the CPU's native step, or on CUDA (up to ``graph_prefill_tokens``) a replay of
+        the static step's graph, whose host time is a fraction of an eager pass's (docs/benchmarks.md)."""
+        n = sum(len(t) for _, _, t, _ in items)
+        nd, g = self.native, self.graphs
+        if nd is not None and n <= nd.max_rows:
+            rows, keep = token_rows(items)
+            logits = nd.decode([t for _, _, t in rows], [p for _, p, _ in rows], [s.block_table for s, _, _ in rows])
+            return logits if len(keep) == len(rows) else logits[keep]
+        if g is not None and 0 < n <= g.chained_rows:
+            rows, keep = token_rows(items)
+            if g.fits_chained(len(rows), max(p for _, p, _ in rows) + 1):
+                logits = g.run(rows, chained=True)
+                return logits if len(keep) == len(rows) else logits[keep]
+        return self.forward_eager(items)
+
+    def forward_eager(self, items: Sequence[tuple[Any, int, list[int], int]]) -> torch.Tensor:
+        """:meth:`forward` as one packed eager pass: the new tokens in one stream, attention through the paged
+        cache, only the returned rows through the head."""
         bs = self.cache.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -133,26 +142,6 @@ class ModelRunner:
         backend = PagedAttentionBackend(self.cache, tables, packed[2 * n:3 * n], cross=cross)
         return self.model.forward_packed(packed[:n], packed[n:2 * n], q_lens, k_lens, backend,
                                          encoder_out=enc_out, enc_lens=enc_lens, rows=packed[3 * n:])
-
-    @staticmethod
-    def _native_rows(nd: Any, items: Sequence[tuple[Any, int, Sequence[int], int]]) -> torch.Tensor:
-        """A step of at most ``nd.max_rows`` new tokens as ONE native decode step: each token a decode row at its
-        position (the step stores every row's K/V before any row attends, so a token sees the ones before it):
-        decodes, speculative verification (k + 1 tokens, every row's logits), short chunks. -> the items' rows."""
-        ids: list[int] = []
-        positions: list[int] = []
-        tables: list[Any] = []
-        keep: list[int] = []
-        for seq, s, toks, nrows in items:
-            n = len(ids)
-            ids += toks
-            positions += range(s, s + len(toks))
-            tables += [seq.block_table] * len(toks)
-            keep += range(len(ids) - nrows, len(ids)) if nrows else ()
-            if n == len(ids):
-                raise ValueError("native decode: an item without tokens")
-        logits = nd.decode(ids, positions, tables)
-        return logits if len(keep) == len(ids) else logits[keep]
 
     @torch.inference_mode()
     def embed(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:

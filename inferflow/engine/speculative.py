@@ -107,9 +107,11 @@ class Speculator:
         self.engine, self.draft = engine, draft
         self.k = engine.config.num_speculative_tokens
         # the target's fast paths for the draft too (fused projections, prepacked CPU weights, the native decode
-        # step), but no decode graphs: the draft's passes go through ModelRunner.forward, which never replays them
-        cfg = dataclasses.replace(engine.config, cuda_graphs=False, capture_graphs_at_start=False)
-        self.runner = ModelRunner(draft, engine.cache, cfg)
+        # step, on CUDA chained graphs): its passes are ModelRunner.forward's, which replays a chained graph for a
+        # pass of up to graph_prefill_tokens new tokens (a draft step's one token per sequence, short chunks).
+        # Captured on first use: the draft never runs the pure-decode graphs that a capture at start would add
+        cfg = dataclasses.replace(engine.config, capture_graphs_at_start=False)
+        self.runner = ModelRunner(draft, engine.cache, cfg, engine.max_model_len)
 
     # ---- planning -------------------------------------------------------------------------------
     def plan(self, out: SchedulerOutput) -> SpecPlan:

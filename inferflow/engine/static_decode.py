@@ -192,15 +192,16 @@ def decode_items(scheduled: Sequence[Any]) -> list[tuple[Any, int, int]]:
     return [(sc.seq, sc.start, sc.seq.tokens(sc.start, sc.start + 1)[0]) for sc in scheduled]
 
 
-def token_rows(scheduled: Sequence[Any]) -> tuple[list[tuple[Any, int, int]], list[int]]:
-    """Every new token of the scheduled chunks as a ``(sequence, position, token)`` decode row, and the rows whose
-    logits the step returns: each chunk's last token where it ends at the sequence's last token, in order."""
-    items: list[tuple[Any, int, int]] = []
+def token_rows(items: Sequence[tuple[Any, int, Sequence[int], int]]) -> tuple[list[tuple[Any, int, int]], list[int]]:
+    """Every token of ``(sequence, first position, token ids, rows)`` pass items (ModelRunner.forward's) as a
+    ``(sequence, position, token)`` decode row, and the rows whose logits the pass returns: each item's last
+    ``rows``, in order."""
+    out: list[tuple[Any, int, int]] = []
     keep: list[int] = []
-    for sc in scheduled:
-        seq, s = sc.seq, sc.start
-        items += zip([seq] * sc.num_tokens, range(s, s + sc.num_tokens), seq.tokens(s, s + sc.num_tokens))
-        if s + sc.num_tokens == seq.num_tokens:
-            keep.append(len(items) - 1)
-    return items, keep
+    for seq, s, toks, nrows in items:
+        if not toks:
+            raise ValueError("a pass item without tokens")
+        out += zip([seq] * len(toks), range(s, s + len(toks)), toks)
+        keep += range(len(out) - nrows, len(out))
+    return out, keep
 
