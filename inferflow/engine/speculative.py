@@ -109,8 +109,9 @@ class Speculator:
         # the target's fast paths for the draft too (fused projections, prepacked CPU weights, the native decode
         # step, on CUDA chained graphs): its passes are ModelRunner.forward's, which replays a chained graph for a
         # pass of up to graph_prefill_tokens new tokens (a draft step's one token per sequence, short chunks).
-        # Captured on first use: the draft never runs the pure-decode graphs that a capture at start would add
-        cfg = dataclasses.replace(engine.config, capture_graphs_at_start=False)
+        # Captured on first use: the draft never runs the pure-decode graphs that a capture at start would add.
+        # No overlapped decode for the draft (that would give it a static step on the CPU too, never used)
+        cfg = dataclasses.replace(engine.config, capture_graphs_at_start=False, async_scheduling=False)
         self.runner = ModelRunner(draft, engine.cache, cfg, engine.max_model_len)
 
     # ---- planning -------------------------------------------------------------------------------
