@@ -137,6 +137,47 @@ def test_accept_rule_keeps_the_target_distribution():
     assert abs(rate - float(torch.minimum(p, q).sum())) < 0.02
 
 
+def test_accept_rule_with_a_certain_proposal():
+    """Prompt lookup proposes a fixed token d (q is all on d): accepted with probability p(d), else a draw from p
+    without d. So the first token still follows p, whatever d is."""
+    p = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.2, 0.0])
+    eng = SimpleNamespace(counters=EngineCounters(), sampler=Sampler(6, set(), generator=torch.Generator().manual_seed(0)))
+    spec = Speculator.__new__(Speculator)
+    spec.engine = eng
+    seq = SimpleNamespace(sampling=SeqSampling(SamplingParams(temperature=1.0), [], [], None))
+    for d in (1, 5):  # a likely proposal, and one the target never picks
+        n, first = 12000, torch.zeros(6)
+        for _ in range(n):
+            first[spec._accept(_Spec(SimpleNamespace(seq=seq), 1, [d]), [0, 0], [p, p])[0]] += 1
+        assert (first / n - p).abs().max() < 0.02
+    assert abs(eng.counters.spec_accepted_tokens / n - float(p[1])) < 0.02  # d = 5: never accepted
+
+
+def test_ngram_lookup_greedy_equals_plain_greedy(llama):
+    """speculative_model "[ngram]": no draft model, proposals by prompt lookup. Greedy outputs equal the model's
+    (through preemption too), lookups propose and the target accepts some, in fewer engine steps; no block leaks."""
+    prompts, outs = engine_models.mix(12, seed=1, max_out=24)
+    prompts = [p + p[:6] for p in prompts]  # a repeated stretch: the lookup finds the prompt's own n-grams
+    want = [llama.generate_ids(p, max_new_tokens=k) for p, k in zip(prompts, outs)]
+    spec = {"speculative_model": "[ngram]", "ngram_prompt_lookup_max": 3}
+    got, m = _run(llama, prompts, _greedy(outs), **spec)
+    assert got == want
+    assert 0 < m["spec_accepted_tokens"] < m["spec_draft_tokens"]
+    assert m["steps"] < _run(llama, prompts, _greedy(outs))[1]["steps"]
+    got, m = _run(llama, prompts, _greedy(outs), num_blocks=40, **spec)  # preemption rolls back, recomputes
+    assert got == want and m["preemptions"] > 0
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"ngram_prompt_lookup_min": 3, "ngram_prompt_lookup_max": 2}, "ngram_prompt_lookup_min = 3; expected at most"),
+    ({"ngram_prompt_lookup_max": 0}, "ngram_prompt_lookup_max = 0; expected a positive integer"),
+    ({"speculative_model": "[ngram]", "speculative_draft_layers": 2}, "speculative_draft_layers = 2; expected null"),
+])
+def test_ngram_config_is_checked(cfg, match):
+    with pytest.raises(InferflowError, match=match):
+        EngineConfig(**cfg)
+
+
 def test_sampled_requests(llama):
     """Through the engine: the first token of a sampled request (drafted by a weak draft, then accepted or
     resampled) follows the target's top-k distribution; seeded requests repeat, alone or batched."""

@@ -1,12 +1,14 @@
-"""Batch-1 greedy decode with and without speculative decoding, the draft being the model's own first N layers.
+"""Batch-1 greedy decode with and without speculative decoding, the draft being the model's own first N layers,
+or prompt lookup (``ngram`` in ``--draft-layers``: no draft model).
 
-    python tools/bench_speculative.py [--model PATH] [--draft-layers 4,8,10] [--spec-tokens 4] [--new-tokens 128]
-        [--device cuda --dtype bfloat16] [--graph-prefill-tokens 0,128]
+    python tools/bench_speculative.py [--model PATH] [--draft-layers 4,8,10,ngram] [--ngram "1,4;2,4"]
+        [--spec-tokens 4] [--new-tokens 128] [--prompt-file F] [--chat] [--device cuda --dtype bfloat16]
+        [--graph-prefill-tokens 0,128]
 
-Prints tok/s (median of ``--rounds`` after one untimed run) and the engine steps per generated token: 1.0 means the
-target accepted no draft token, 1 / (k + 1) that it accepted all. ``--graph-prefill-tokens``: each setting is an
-engine (on CUDA, 0 runs every speculative pass eagerly, N replays graphs for passes of up to N new tokens). The
-model is loaded once. No timing is asserted anywhere.
+Prints tok/s (median of ``--rounds`` after one untimed run; every engine's rounds interleaved) and the engine steps
+per generated token: 1.0 means the target accepted no draft token, 1 / (k + 1) that it accepted all.
+``--graph-prefill-tokens``: each setting is an engine (on CUDA, 0 runs every speculative pass eagerly, N replays
+graphs for passes of up to N new tokens). The model is loaded once. No timing is asserted anywhere.
 """
 from __future__ import annotations
 
@@ -21,22 +23,25 @@ import engine_bench_args
 PROMPT = "The history of the Roman Empire spans many centuries. It began when"
 
 
-def run(m, model_path: str, draft_layers: int, k: int, new: int, rounds: int, graph_tokens: int) -> tuple[float, float]:
-    """tok/s and engine steps per token of one engine on ``m`` (the draft: ``model_path``'s first layers, loaded
-    like ``m``)."""
-    spec = {"speculative_model": model_path, "speculative_draft_layers": draft_layers,
-            "num_speculative_tokens": k} if draft_layers else {}
-    eng = Engine(m, EngineConfig(max_num_seqs=8, graph_prefill_tokens=graph_tokens, **spec))
-    prompt = m.tokenizer.encode(PROMPT)
-    sp = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
-    eng.generate([prompt], [sp])
-    times, steps = [], 0
-    for _ in range(rounds):
-        t, handle = time.perf_counter(), eng.add_request(prompt, sp)
-        n = sum(1 for _ in handle)
-        times.append(time.perf_counter() - t)
-        steps = n
-    return new / statistics.median(times), steps / new
+def engine(m, model_path: str, draft: str, k: int, graph_tokens: int, lookup: str) -> Engine:
+    """``draft``: "0" (no speculation), "ngram:MIN,MAX" (prompt lookup) or N (``model_path``'s first N layers,
+    loaded like ``m``)."""
+    if draft == "0":
+        spec = {}
+    elif draft == "ngram":
+        lo, hi = map(int, lookup.split(","))
+        spec = {"speculative_model": "[ngram]", "ngram_prompt_lookup_min": lo, "ngram_prompt_lookup_max": hi}
+    else:
+        spec = {"speculative_model": model_path, "speculative_draft_layers": int(draft)}
+    return Engine(m, EngineConfig(max_num_seqs=8, graph_prefill_tokens=graph_tokens, num_speculative_tokens=k,
+                                  **spec))
+
+
+def timed(eng: Engine, prompt: list[int] | str, sp: SamplingParams) -> tuple[float, int]:
+    """Seconds for one request, and the engine steps it took."""
+    t, handle = time.perf_counter(), eng.add_request(prompt, sp)
+    steps = sum(1 for _ in handle)
+    return time.perf_counter() - t, steps
 
 
 def main() -> None:
@@ -47,14 +52,37 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="default: the model file's")
     ap.add_argument("--graph-prefill-tokens", default="128", help="comma list: one engine per setting (CUDA)")
+    ap.add_argument("--prompt-file", help="the prompt's text (default: a one-line story opening)")
+    ap.add_argument("--chat", action="store_true", help="the prompt as a user message in the chat template")
+    ap.add_argument("--ngram", default="3,4", help="prompt lookup's shortest and longest n-grams (a list: MIN,MAX;...)")
     args = ap.parse_args()
     path = engine_bench_args.setup(args)
     m = inferflow.load(path, device=args.device, dtype=args.dtype)
+    text = open(args.prompt_file).read() if args.prompt_file else PROMPT
+    prompt = m.tokenizer.apply_chat_template([{"role": "user", "content": text}]) if args.chat \
+        else m.tokenizer.encode(text)
+    sp = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
+    engines: dict[str, Engine] = {}
     for g in map(int, args.graph_prefill_tokens.split(",")):
-        for n in [0, *map(int, args.draft_layers.split(","))]:
-            tps, per = run(m, path, n, args.spec_tokens, args.new_tokens, args.rounds, g)
-            what = f"draft = first {n} layers, k = {args.spec_tokens}" if n else "no speculation"
-            print(f"graph_prefill_tokens {g}, {what}: {tps:.1f} tok/s, {per:.2f} steps per token", flush=True)
+        for d in ["0", *args.draft_layers.split(",")]:
+            for lookup in args.ngram.split(";") if d == "ngram" else [""]:
+                what = f"prompt lookup (n = {lookup})" if d == "ngram" else \
+                    f"draft = first {d} layers" if d != "0" else "no speculation"
+                what = f"graph_prefill_tokens {g}, {what}" + (f", k = {args.spec_tokens}" if d != "0" else "")
+                engines[what] = engine(m, path, d, args.spec_tokens, g, lookup)
+                timed(engines[what], prompt, sp)  # warm-up
+    times: dict[str, list[float]] = {w: [] for w in engines}
+    steps: dict[str, int] = {}
+    for _ in range(args.rounds):  # interleaved: these machines change speed within seconds
+        for what, eng in engines.items():
+            t, steps[what] = timed(eng, prompt, sp)
+            times[what].append(t)
+    base = None
+    for what in engines:
+        tps = args.new_tokens / statistics.median(times[what])
+        base = base or tps
+        print(f"{what}: {tps:.1f} tok/s ({tps / base:.2f}x the first), {steps[what] / args.new_tokens:.2f} steps "
+              f"per token", flush=True)
 
 
 if __name__ == "__main__":

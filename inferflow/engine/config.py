@@ -34,9 +34,12 @@ class EngineConfig:
     host_kv_compute: bool = False          # attend to host-tier layers on the CPU instead of copying per step
     host_embeddings: bool = False          # token-embedding tables in host RAM (a tied head stays on the device)
     seed: int = 0                          # engine RNG for requests without their own seed
-    speculative_model: str | None = None   # draft model (folder or file) for speculative decoding; None: off
+    speculative_model: str | None = None   # draft model (folder or file) for speculative decoding, or "[ngram]"
+    #                                        (prompt lookup: no draft model, engine/ngram.py); None: off
     speculative_draft_layers: int | None = None  # keep the draft's first N decoder layers (e.g. the target's own file)
     num_speculative_tokens: int = 4        # tokens the draft proposes per sequence and step
+    ngram_prompt_lookup_max: int = 4       # "[ngram]": the longest n-gram looked up, then shorter ones
+    ngram_prompt_lookup_min: int = 3       # "[ngram]": the shortest (shorter matches mispredict: docs/benchmarks.md)
     cuda_graphs: bool = True               # CUDA only: pure-decode steps replay captured graphs (False: eager)
     capture_graphs_at_start: bool = True   # capture every batch-size bucket's graph at start (False: on first use)
     graph_prefill_tokens: int = 128        # CUDA graphs: steps with prefill chunks of at most this many new tokens
@@ -75,6 +78,13 @@ class EngineConfig:
         if self.speculative_draft_layers is not None and (not isinstance(self.speculative_draft_layers, int)
                                                           or self.speculative_draft_layers < 1):
             raise bad("speculative_draft_layers", "a positive integer or null")
+        for key in ("ngram_prompt_lookup_min", "ngram_prompt_lookup_max"):
+            if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise bad(key, "a positive integer")
+        if self.ngram_prompt_lookup_min > self.ngram_prompt_lookup_max:
+            raise bad("ngram_prompt_lookup_min", f"at most ngram_prompt_lookup_max ({self.ngram_prompt_lookup_max})")
+        if self.speculative_model == "[ngram]" and self.speculative_draft_layers is not None:
+            raise bad("speculative_draft_layers", 'null with speculative_model "[ngram]" (no draft model)')
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None, where: str = "engine") -> "EngineConfig":

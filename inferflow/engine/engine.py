@@ -34,7 +34,7 @@ from .request_api import Overloaded, RequestAPI  # noqa: F401 - Overloaded: re-e
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
 from .sizing import build_cache, max_model_len
-from .speculative import Speculator, prepare_draft
+from .speculative import Speculator, ngram_lookup, prepare_draft
 
 
 class Engine(RequestAPI, BackgroundStepping):
@@ -60,7 +60,7 @@ class Engine(RequestAPI, BackgroundStepping):
         me = weakref.proxy(self)
         self.embeddings = EmbeddingQueue(me)
         self.intake = RequestIntake(model, self.config, self.max_model_len)
-        self.spec = Speculator(me, self.draft) if self.draft is not None else None
+        self.spec = Speculator(me, self.draft) if self.draft is not None or ngram_lookup(self.config) else None
         self.beams = BeamSearch(me)
         self.profiler = StepProfiler.from_env()  # a trace of a few steps ($INFERFLOW_PROFILE_DIR)
         self.step_log = StepLog.from_env()       # a line per step ($INFERFLOW_STEP_LOG)

@@ -1,5 +1,6 @@
-"""Speculative decoding inside the engine step: a small draft model proposes ``k`` tokens per sequence, the target
-model checks all of them in the step's one packed forward, and every accepted token costs no target pass of its own.
+"""Speculative decoding inside the engine step: a small draft model (or prompt lookup, ``speculative_model =
+"[ngram]"``: ngram.py) proposes ``k`` tokens per sequence, the target model checks all of them in the step's one
+packed forward, and every accepted token costs no target pass of its own.
 
 The draft's KV layers live in the SAME paged cache as the target's (keys renumbered past the target's, see
 ``prepare_draft``), so one block table serves both and prefix caching, swapping, recompute and copy-on-write
@@ -37,6 +38,7 @@ from torch import nn
 from ..errors import InferflowError
 from .guided import is_guided
 from .model_runner import ModelRunner
+from .ngram import NGRAM, propose_bytes, token_bytes
 from .postprocess import take_token
 from .sampler import SeqSampling, _kind
 from .scheduler import Scheduled, SchedulerOutput
@@ -46,8 +48,10 @@ def prepare_draft(model: Any, config: Any, draft: Any = None) -> Any:
     """The draft model for ``model`` (``draft``, else ``config.speculative_model`` loaded like the target), or
     None. The draft is adapted in place: only its first ``speculative_draft_layers`` decoder layers are kept, and
     its attention cache keys move past the target's so both share one paged KV cache."""
+    if draft is not None and ngram_lookup(config):
+        raise InferflowError('speculative decoding: a draft model with speculative_model "[ngram]" (no draft)')
     if draft is None:
-        if not config.speculative_model:
+        if not config.speculative_model or ngram_lookup(config):
             return None
         import inferflow
 
@@ -72,6 +76,11 @@ def prepare_draft(model: Any, config: Any, draft: Any = None) -> Any:
     return draft
 
 
+def ngram_lookup(config: Any) -> bool:
+    """Whether the proposals come from prompt lookup (ngram.py), not a draft model."""
+    return config.speculative_model == NGRAM
+
+
 def eligible(params: Any) -> bool:
     """Sampling the verification reproduces exactly: greedy or plain (truncated) random sampling. Guided requests
     take the normal path (their token choice depends on the matcher state each accepted draft would change)."""
@@ -86,7 +95,8 @@ class _Spec:
     sc: Scheduled
     k: int
     drafts: list[int] = field(default_factory=list)
-    q: list[torch.Tensor | None] = field(default_factory=list)   # the draft's distribution of each proposal
+    q: list[torch.Tensor | None] = field(default_factory=list)   # the draft's distribution of each proposal (prompt
+    #                                                              lookup: none, each proposal is certain)
     logits: torch.Tensor | None = None                           # the target's rows L-1 .. L+k-1
 
     def view(self, j: int) -> SeqSampling:
@@ -104,8 +114,13 @@ class SpecPlan:
 
 class Speculator:
     def __init__(self, engine: Any, draft: Any):
+        """``draft``: the draft Model, or None for prompt lookup."""
         self.engine, self.draft = engine, draft
         self.k = engine.config.num_speculative_tokens
+        self.runner: ModelRunner | None = None
+        if draft is None:
+            self.lookup = (engine.config.ngram_prompt_lookup_max, engine.config.ngram_prompt_lookup_min)
+            return
         # the target's fast paths for the draft too (fused projections, prepacked CPU weights, the native decode
         # step, on CUDA chained graphs): its passes are ModelRunner.forward's, which replays a chained graph for a
         # pass of up to graph_prefill_tokens new tokens (a draft step's one token per sequence, short chunks).
@@ -129,28 +144,36 @@ class Speculator:
                 k = min(self.k, left - 1, eng.max_model_len - seq.num_tokens)
                 room = (len(seq.block_table) + pool.num_free) * bs - seq.num_tokens
                 k = min(k, room)
+            drafts = propose_bytes(token_bytes(seq), k, *self.lookup) if k >= 1 and self.draft is None else []
+            if self.draft is None:
+                k = len(drafts)
             if k < 1:
                 plain.append(sc)
                 continue
             need = -(-(seq.num_tokens + k) // bs) - len(seq.block_table)
             seq.block_table += pool.allocate(max(need, 0))
-            specs.append(_Spec(sc, k))
+            specs.append(_Spec(sc, k, drafts))
         return SpecPlan(out, SchedulerOutput(plain), specs)
 
     # ---- the forward passes ---------------------------------------------------------------------
     def forward(self, plan: SpecPlan) -> torch.Tensor:
         """Draft proposals, then the target's one packed pass; returns the plain rows' logits (the speculating
         sequences keep theirs)."""
+        if self.runner is None and not plan.specs:  # prompt lookup found nothing: the normal step (decode graphs)
+            return self.engine.runner.run(plan.out.scheduled)
         spec_of = {id(s.sc): s for s in plan.specs}
         chunk = lambda sc: sc.seq.tokens(sc.start, sc.start + sc.num_tokens)  # noqa: E731
-        # draft pass 1: every chunk (lock-step KV); rows only where a proposal starts
-        rows = self.runner.forward([(sc.seq, sc.start, chunk(sc), int(id(sc) in spec_of)) for sc in plan.out.scheduled])
-        if plan.specs:
-            self._propose(plan.specs, rows)
-        for j in range(2, max((s.k for s in plan.specs), default=0) + 1):
-            active = [s for s in plan.specs if s.k >= j]
-            rows = self.runner.forward([(s.sc.seq, s.sc.seq.num_tokens + j - 2, [s.drafts[-1]], 1) for s in active])
-            self._propose(active, rows)
+        if self.runner is not None:
+            # draft pass 1: every chunk (lock-step KV); rows only where a proposal starts
+            rows = self.runner.forward([(sc.seq, sc.start, chunk(sc), int(id(sc) in spec_of))
+                                        for sc in plan.out.scheduled])
+            if plan.specs:
+                self._propose(plan.specs, rows)
+            for j in range(2, max((s.k for s in plan.specs), default=0) + 1):
+                active = [s for s in plan.specs if s.k >= j]
+                rows = self.runner.forward([(s.sc.seq, s.sc.seq.num_tokens + j - 2, [s.drafts[-1]], 1)
+                                            for s in active])
+                self._propose(active, rows)
         items = []
         for sc in plan.out.scheduled:
             s = spec_of.get(id(sc))
@@ -233,11 +256,14 @@ class Speculator:
         shared = self.engine.sampler.generator
         g = gen if gen is not None else shared
         for j, d in enumerate(s.drafts):
-            pj, qj = p[j], s.q[j]
+            pj, qj = p[j], s.q[j] if s.q else None  # prompt lookup: q is all on d
             u = float(torch.rand((), generator=g, device=g.device if g is not None else pj.device))
-            if u * float(qj[d]) < float(pj[d]):
+            if u * (float(qj[d]) if qj is not None else 1.0) < float(pj[d]):
                 continue
             c.spec_accepted_tokens += j
+            if qj is None:
+                qj = torch.zeros_like(pj)
+                qj[d] = 1.0
             residual = (pj - qj).clamp_min(0.0)
             if float(residual.sum()) <= 0.0:  # p == q (to rounding): the residual is p itself
                 residual = pj
@@ -265,8 +291,9 @@ class Speculator:
             if end is not None:
                 break
         seq.sampled_before = True
-        # K/V of both models is valid up to the last accepted draft, and never past d_{k-1} (the draft's last pass)
-        computed = min(L + min(len(toks) - 1, s.k - 1), seq.num_tokens)
+        # K/V of both models is valid up to the last accepted draft, and never past d_{k-1} (the draft's last pass;
+        # prompt lookup has no draft K/V: the target's holds through d_k)
+        computed = min(L + min(len(toks) - 1, s.k - (self.runner is not None)), seq.num_tokens)
         eng.scheduler.commit(SchedulerOutput([Scheduled(seq, sc.start, computed - sc.start)]))
         keep = -(-computed // eng.cache.block_size)
         if len(seq.block_table) > keep:  # the rejected tail's blocks (never hashed: past the computed tokens)
