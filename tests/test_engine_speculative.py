@@ -214,6 +214,9 @@ def test_service_config_resolves_the_draft_path(tmp_path):
                    " num_speculative_tokens: 3}\n")
     eng = load_service_config(cfg).models[0].engine
     assert eng.speculative_model == str(tmp_path / "draft") and eng.num_speculative_tokens == 3
+    cfg.write_text('models:\n  - name: m\n    engine: {speculative_model: "[ngram]", ngram_prompt_lookup_max: 5}\n')
+    eng = load_service_config(cfg).models[0].engine
+    assert eng.speculative_model == "[ngram]" and eng.ngram_prompt_lookup_max == 5  # a keyword, not a path
 
 
 def test_default_model_speculative_greedy_equals_plain_greedy():
