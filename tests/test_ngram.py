@@ -33,24 +33,35 @@ def test_matches_a_brute_force_search():
         assert propose(t, k, n_max, n_min) == _brute(t, k, n_max, n_min), (t, k, n_max, n_min)
 
 
-def test_token_bytes_follow_the_sequence():
-    """The bytes kept on a sequence grow by its new tokens each call, and are rebuilt if it ever has fewer."""
-    from inferflow.engine.ngram import propose_bytes, token_bytes
+def test_lookup_state_follows_the_sequence_and_backs_off():
+    """A sequence's kept bytes grow by its new tokens each step (rebuilt if it ever has fewer); after a proposal
+    rejected outright it skips 1, 2, 4 .. 8 steps, and an accepted token resets that."""
+    from inferflow.engine.ngram import MAX_BACKOFF, Lookup
 
     toks = [1, 2, 3, 4]
 
     class Seq:
-        lookup_bytes = None
         num_tokens = property(lambda self: len(toks))
 
         def tokens(self, a, b):
             return toks[a:b]
 
-    seq = Seq()
+    seq, st = Seq(), Lookup()
     for extra in ([1, 2], [3], []):
         toks += extra
-        hay = token_bytes(seq)
-        assert hay == array("i", toks).tobytes() and hay is seq.lookup_bytes
-        assert propose_bytes(hay, 2, 3, 1) == _brute(toks, 2, 3, 1)
+        assert st.propose(seq, 2, 3, 1) == _brute(toks, 2, 3, 1)
+        assert st.hay == array("i", toks).tobytes()
     del toks[2:]
-    assert token_bytes(seq) == array("i", toks).tobytes()
+    st.propose(seq, 2, 3, 1)
+    assert st.hay == array("i", toks).tobytes()
+    toks[:] = [1, 2, 1, 2, 1]
+    skipped = []
+    for _ in range(5):
+        st.verified(0)
+        n = 0
+        while st.propose(seq, 2, 3, 1) == []:
+            n += 1
+        skipped.append(n)
+    assert skipped == [1, 2, 4, MAX_BACKOFF, MAX_BACKOFF]
+    st.verified(1)
+    assert st.propose(seq, 2, 3, 1) == [2, 1]

@@ -1,7 +1,7 @@
 """Batch-1 greedy decode with and without speculative decoding, the draft being the model's own first N layers,
 or prompt lookup (``ngram`` in ``--draft-layers``: no draft model).
 
-    python tools/bench_speculative.py [--model PATH] [--draft-layers 4,8,10,ngram] [--ngram "1,4;2,4"]
+    python tools/bench_speculative.py [--model PATH] [--draft-layers 4,8,10,ngram] [--ngram "1,4;1,4,0"]
         [--spec-tokens 4] [--new-tokens 128] [--prompt-file F] [--chat] [--device cuda --dtype bfloat16]
         [--graph-prefill-tokens 0,128]
 
@@ -16,10 +16,11 @@ import statistics
 import time
 
 import inferflow
-from inferflow.engine import Engine, EngineConfig, SamplingParams
+from inferflow.engine import Engine, EngineConfig, SamplingParams, ngram
 
 import engine_bench_args
 
+DEFAULT_BACKOFF = ngram.MAX_BACKOFF
 PROMPT = "The history of the Roman Empire spans many centuries. It began when"
 
 
@@ -29,7 +30,7 @@ def engine(m, model_path: str, draft: str, k: int, graph_tokens: int, lookup: st
     if draft == "0":
         spec = {}
     elif draft == "ngram":
-        lo, hi = map(int, lookup.split(","))
+        lo, hi = map(int, lookup.split(",")[:2])
         spec = {"speculative_model": "[ngram]", "ngram_prompt_lookup_min": lo, "ngram_prompt_lookup_max": hi}
     else:
         spec = {"speculative_model": model_path, "speculative_draft_layers": int(draft)}
@@ -37,8 +38,9 @@ def engine(m, model_path: str, draft: str, k: int, graph_tokens: int, lookup: st
                                   **spec))
 
 
-def timed(eng: Engine, prompt: list[int] | str, sp: SamplingParams) -> tuple[float, int]:
-    """Seconds for one request, and the engine steps it took."""
+def timed(eng: Engine, prompt: list[int] | str, sp: SamplingParams, backoff: int | None = None) -> tuple[float, int]:
+    """Seconds for one request, and the engine steps it took (``backoff``: prompt lookup's MAX_BACKOFF meanwhile)."""
+    ngram.MAX_BACKOFF = DEFAULT_BACKOFF if backoff is None else backoff
     t, handle = time.perf_counter(), eng.add_request(prompt, sp)
     steps = sum(1 for _ in handle)
     return time.perf_counter() - t, steps
@@ -54,7 +56,8 @@ def main() -> None:
     ap.add_argument("--graph-prefill-tokens", default="128", help="comma list: one engine per setting (CUDA)")
     ap.add_argument("--prompt-file", help="the prompt's text (default: a one-line story opening)")
     ap.add_argument("--chat", action="store_true", help="the prompt as a user message in the chat template")
-    ap.add_argument("--ngram", default="3,4", help="prompt lookup's shortest and longest n-grams (a list: MIN,MAX;...)")
+    ap.add_argument("--ngram", default="3,4", help="prompt lookup's shortest and longest n-grams, and optionally its "
+                    "MAX_BACKOFF (0: none), one engine each: MIN,MAX[,BACKOFF];...")
     args = ap.parse_args()
     path = engine_bench_args.setup(args)
     m = inferflow.load(path, device=args.device, dtype=args.dtype)
@@ -63,19 +66,22 @@ def main() -> None:
         else m.tokenizer.encode(text)
     sp = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     engines: dict[str, Engine] = {}
+    backoffs: dict[str, int | None] = {}
     for g in map(int, args.graph_prefill_tokens.split(",")):
         for d in ["0", *args.draft_layers.split(",")]:
             for lookup in args.ngram.split(";") if d == "ngram" else [""]:
                 what = f"prompt lookup (n = {lookup})" if d == "ngram" else \
                     f"draft = first {d} layers" if d != "0" else "no speculation"
                 what = f"graph_prefill_tokens {g}, {what}" + (f", k = {args.spec_tokens}" if d != "0" else "")
+                parts = lookup.split(",")
+                backoffs[what] = int(parts[2]) if len(parts) > 2 else None
                 engines[what] = engine(m, path, d, args.spec_tokens, g, lookup)
-                timed(engines[what], prompt, sp)  # warm-up
+                timed(engines[what], prompt, sp, backoffs[what])  # warm-up
     times: dict[str, list[float]] = {w: [] for w in engines}
     steps: dict[str, int] = {}
     for _ in range(args.rounds):  # interleaved: these machines change speed within seconds
         for what, eng in engines.items():
-            t, steps[what] = timed(eng, prompt, sp)
+            t, steps[what] = timed(eng, prompt, sp, backoffs[what])
             times[what].append(t)
     base = None
     for what in engines:

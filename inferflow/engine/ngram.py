@@ -17,15 +17,37 @@ def propose(tokens: Sequence[int], k: int, n_max: int, n_min: int) -> list[int]:
     return propose_bytes(array("i", tokens).tobytes(), k, n_max, n_min)
 
 
-def token_bytes(seq: Any) -> bytearray:
-    """``seq``'s tokens as int32 bytes, kept on the sequence and extended by the tokens added since the last call
-    (a step costs the new tokens, not the whole context)."""
-    hay, n = seq.lookup_bytes, seq.num_tokens
-    if hay is None or len(hay) > 4 * n:  # first use, or fewer tokens than cached (never expected: rebuilt)
-        hay = seq.lookup_bytes = bytearray()
-    if len(hay) < 4 * n:
-        hay += array("i", seq.tokens(len(hay) // 4, n)).tobytes()
-    return hay
+MAX_BACKOFF = 8  # steps a sequence skips the lookup at most, after proposals wholly rejected in a row
+
+
+class Lookup:
+    """A sequence's lookup state (``Sequence.lookup``): its tokens as int32 bytes, extended by the tokens added
+    since the last step (a step costs the new tokens, not the whole context), and a backoff: a proposal the target
+    rejects outright costs a verification of k + 1 rows for one token, so after one the sequence skips the lookup
+    for 1, 2, 4 .. MAX_BACKOFF steps; an accepted token resets it."""
+
+    __slots__ = ("hay", "skip", "backoff")
+
+    def __init__(self):
+        self.hay, self.skip, self.backoff = bytearray(), 0, 0
+
+    def propose(self, seq: Any, k: int, n_max: int, n_min: int) -> list[int]:
+        """:func:`propose` for ``seq`` (its tokens ``seq.tokens(a, b)``, ``seq.num_tokens``), or [] while it backs
+        off."""
+        if self.skip:
+            self.skip -= 1
+            return []
+        hay, n = self.hay, seq.num_tokens
+        if len(hay) > 4 * n:  # fewer tokens than kept (never expected): rebuilt
+            del hay[:]
+        if len(hay) < 4 * n:
+            hay += array("i", seq.tokens(len(hay) // 4, n)).tobytes()
+        return propose_bytes(hay, k, n_max, n_min)
+
+    def verified(self, accepted: int) -> None:
+        """The target accepted ``accepted`` of the last proposal."""
+        self.backoff = 0 if accepted else min(MAX_BACKOFF, 2 * self.backoff or 1)
+        self.skip = self.backoff
 
 
 def propose_bytes(hay: bytes | bytearray, k: int, n_max: int, n_min: int) -> list[int]:

@@ -29,7 +29,7 @@ class Sequence:
 
     __slots__ = ("request", "index", "output_ids", "block_table", "host_blocks", "num_computed", "block_hashes",
                  "num_registered", "sampling", "detok", "stop", "text", "logprobs", "status", "finish_reason",
-                 "stop_reason", "admitted", "sent_tokens", "sent_text", "sampled_before", "lookup_bytes")
+                 "stop_reason", "admitted", "sent_tokens", "sent_text", "sampled_before", "lookup")
 
     def __init__(self, request: "Request", index: int, sampling: Any, detok: Any = None, stop: Any = None):
         self.request, self.index = request, index
@@ -50,7 +50,7 @@ class Sequence:
         self.sent_tokens = 0                    # output tokens / text characters already streamed
         self.sent_text = 0
         self.sampled_before = False             # the request's first sample forks the n sequences
-        self.lookup_bytes: bytearray | None = None  # the tokens as int32 bytes, for prompt lookup (ngram.py)
+        self.lookup: Any = None                 # prompt lookup's state (ngram.Lookup), made at first use
 
     # ---- tokens ---------------------------------------------------------------------------------
     @property

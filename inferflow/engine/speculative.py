@@ -38,7 +38,7 @@ from torch import nn
 from ..errors import InferflowError
 from .guided import is_guided
 from .model_runner import ModelRunner
-from .ngram import NGRAM, propose_bytes, token_bytes
+from .ngram import NGRAM, Lookup
 from .postprocess import take_token
 from .sampler import SeqSampling, _kind
 from .scheduler import Scheduled, SchedulerOutput
@@ -144,7 +144,11 @@ class Speculator:
                 k = min(self.k, left - 1, eng.max_model_len - seq.num_tokens)
                 room = (len(seq.block_table) + pool.num_free) * bs - seq.num_tokens
                 k = min(k, room)
-            drafts = propose_bytes(token_bytes(seq), k, *self.lookup) if k >= 1 and self.draft is None else []
+            drafts: list[int] = []
+            if k >= 1 and self.draft is None:
+                if seq.lookup is None:
+                    seq.lookup = Lookup()
+                drafts = seq.lookup.propose(seq, k, *self.lookup)
             if self.draft is None:
                 k = len(drafts)
             if k < 1:
@@ -237,6 +241,8 @@ class Speculator:
             if not s.sc.seq.finished:
                 try:
                     toks = self._accept(s, argmax[r:r + n], [probs.get(i) for i in range(r, r + n)])
+                    if self.runner is None:
+                        s.sc.seq.lookup.verified(len(toks) - 1)
                     self._apply(s, toks, None if raw_lp is None else raw_lp[r:r + len(toks)])
                 except Exception as e:  # noqa: BLE001 - e.g. a detokenizer error fails this request only
                     eng._fail(s.sc.seq, f"{type(e).__name__}: {e}", touched)
