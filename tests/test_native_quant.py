@@ -86,6 +86,8 @@ def test_int8_activation_kernel(qtype):
     assert _err(y, exact) <= Q8X_TOL
     one = torch.cat([native_linear.gemv_q8x(blocks, int(qtype), shape, x[i:i + 1]) for i in range(16)])
     assert torch.equal(one, y)
+    for m in (3, 5, 6, 7, 9, 13):  # a tile per M up to 8, then 8 at a time: every M gives each row the same bits
+        assert torch.equal(native_linear.gemv_q8x(blocks, int(qtype), shape, x[:m]), y[:m]), m
     # rows 32..36 are a tail (16 rows at a time otherwise): a shifted slice puts them in a 16-row group, same bits
     assert torch.equal(native_linear.gemv_q8x(blocks[5:], int(qtype), (32, shape[1]), x), y[:, 5:])
     torch.set_num_threads(2)  # restored by the one_thread fixture

@@ -157,15 +157,18 @@ typedef void (*vtile_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, cons
                                   const int32_t *sx, float *y, int64_t ldy, const float *bias, int64_t nsb) { \
         vtile16(QT, MT, w, rb, xq, K, dx, sx, y, ldy, bias, nsb);                                            \
     }
-#define VTILES(QT) VTILE(QT, 1) VTILE(QT, 2) VTILE(QT, 4) VTILE(QT, 8) VTILE(QT, 32)
+/* every MT from 1 to 8: a speculative verification (k + 1 rows) or a batch of 5-7 decodes is one pass over the
+   weight's codes, not 4 + 1 (each row's chain is the same for every MT, so the results are too) */
+#define VTILES(QT) VTILE(QT, 1) VTILE(QT, 2) VTILE(QT, 3) VTILE(QT, 4) VTILE(QT, 5) VTILE(QT, 6) VTILE(QT, 7) \
+    VTILE(QT, 8) VTILE(QT, 32)
 VTILES(Q4_0) VTILES(Q4_1) VTILES(Q8_0)
+#define VROW(QT) {vtile_##QT##_1, vtile_##QT##_2, vtile_##QT##_3, vtile_##QT##_4, vtile_##QT##_5, vtile_##QT##_6, \
+                  vtile_##QT##_7, vtile_##QT##_8, vtile_##QT##_32}
 
 /* Thread tid of nth's share of ggml_gemv_q8x's product, x already quantized (quantize_x): 16-row groups of W */
 static void gemv_q8x_part(int qt, const uint8_t *w, int64_t rb, const int8_t *xq, const float *dx, const int32_t *sx,
                           float *y, int64_t ldy, const float *bias, int64_t M, int64_t N, int64_t K, int tid, int nth) {
-    static const vtile_fn t3[3][5] = {{vtile_Q4_0_1, vtile_Q4_0_2, vtile_Q4_0_4, vtile_Q4_0_8, vtile_Q4_0_32},
-                                      {vtile_Q4_1_1, vtile_Q4_1_2, vtile_Q4_1_4, vtile_Q4_1_8, vtile_Q4_1_32},
-                                      {vtile_Q8_0_1, vtile_Q8_0_2, vtile_Q8_0_4, vtile_Q8_0_8, vtile_Q8_0_32}};
+    static const vtile_fn t3[3][9] = {VROW(Q4_0), VROW(Q4_1), VROW(Q8_0)};
     const vtile_fn *t = t3[qt == Q4_0 ? 0 : qt == Q4_1 ? 1 : 2];
     const int64_t nsb = K / 32, groups = (N + 15) / 16;
     for (int64_t g = share(groups, tid, nth); g < share(groups, tid + 1, nth); g++) {
@@ -177,9 +180,9 @@ static void gemv_q8x_part(int qt, const uint8_t *w, int64_t rb, const int8_t *xq
             continue;
         }
         for (int64_t m0 = 0; m0 < M;) {
-            const int64_t left = M - m0, mt = left >= 32 ? 32 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            t[mt == 32 ? 4 : mt == 8 ? 3 : mt == 4 ? 2 : mt == 2 ? 1 : 0](w + n0 * rb, rb, xq + m0 * K, K, dx + m0 * nsb,
-                                                           sx + m0 * nsb, y + m0 * ldy + n0, ldy, bn, nsb);
+            const int64_t left = M - m0, mt = left >= 32 ? 32 : left >= 8 ? 8 : left;
+            t[mt == 32 ? 8 : mt - 1](w + n0 * rb, rb, xq + m0 * K, K, dx + m0 * nsb, sx + m0 * nsb, y + m0 * ldy + n0,
+                                     ldy, bn, nsb);
             m0 += mt;
         }
     }
