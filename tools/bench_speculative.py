@@ -24,7 +24,8 @@ DEFAULT_BACKOFF = ngram.MAX_BACKOFF
 PROMPT = "The history of the Roman Empire spans many centuries. It began when"
 
 
-def engine(m, model_path: str, draft: str, k: int, graph_tokens: int, lookup: str) -> Engine:
+def engine(m, model_path: str, draft: str, k: int, graph_tokens: int, lookup: str,
+           kv_gib: float | None = None) -> Engine:
     """``draft``: "0" (no speculation), "ngram:MIN,MAX" (prompt lookup) or N (``model_path``'s first N layers,
     loaded like ``m``)."""
     if draft == "0":
@@ -35,7 +36,7 @@ def engine(m, model_path: str, draft: str, k: int, graph_tokens: int, lookup: st
     else:
         spec = {"speculative_model": model_path, "speculative_draft_layers": int(draft)}
     return Engine(m, EngineConfig(max_num_seqs=8, graph_prefill_tokens=graph_tokens, num_speculative_tokens=k,
-                                  **spec))
+                                  kv_cache_memory=kv_gib, **spec))
 
 
 def timed(eng: Engine, prompt: list[int] | str, sp: SamplingParams, backoff: int | None = None) -> tuple[float, int]:
@@ -54,6 +55,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="default: the model file's")
     ap.add_argument("--graph-prefill-tokens", default="128", help="comma list: one engine per setting (CUDA)")
+    ap.add_argument("--kv-cache-memory", type=float, default=None,
+                    help="GiB of K/V per engine (default: 2 on CUDA, where several engines share the GPU)")
     ap.add_argument("--prompt-file", help="the prompt's text (default: a one-line story opening)")
     ap.add_argument("--chat", action="store_true", help="the prompt as a user message in the chat template")
     ap.add_argument("--ngram", default="3,4", help="prompt lookup's shortest and longest n-grams, and optionally its "
@@ -64,6 +67,7 @@ def main() -> None:
     text = open(args.prompt_file).read() if args.prompt_file else PROMPT
     prompt = m.tokenizer.apply_chat_template([{"role": "user", "content": text}]) if args.chat \
         else m.tokenizer.encode(text)
+    kv_gib = args.kv_cache_memory or (2.0 if args.device.startswith("cuda") else None)
     sp = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     engines: dict[str, Engine] = {}
     backoffs: dict[str, int | None] = {}
@@ -75,7 +79,7 @@ def main() -> None:
                 what = f"graph_prefill_tokens {g}, {what}" + (f", k = {args.spec_tokens}" if d != "0" else "")
                 parts = lookup.split(",")
                 backoffs[what] = int(parts[2]) if len(parts) > 2 else None
-                engines[what] = engine(m, path, d, args.spec_tokens, g, lookup)
+                engines[what] = engine(m, path, d, args.spec_tokens, g, lookup, kv_gib)
                 timed(engines[what], prompt, sp, backoffs[what])  # warm-up
     times: dict[str, list[float]] = {w: [] for w in engines}
     steps: dict[str, int] = {}
