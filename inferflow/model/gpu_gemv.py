@@ -290,6 +290,11 @@ def selecting():
         _selecting -= 1
 
 
+def selecting_now() -> bool:
+    """Whether this is inside :func:`selecting` (other selections, e.g. quant/q4_wide.py, time there too)."""
+    return _selecting > 0
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor | None:
     """x @ w^T (+ b) through the Triton GEMV inside a CUDA-graph capture where it was timed faster for this shape
     (in :func:`selecting`); None: use F.linear."""

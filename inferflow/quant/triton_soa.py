@@ -18,7 +18,8 @@ dicts, moves off the GPU and the bit-exact reference path read them), so a weigh
 4-bit weights: up to :data:`FMA_MAX_ROWS` activation rows run the float32 FMA GEMV (triton_q4.gemv4), up to
 :data:`GEMM_MAX_ROWS` a dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4, or triton_q4_swap.gemm4s for
 :data:`SWAP_ROWS` rows: no decoded copy), more rows (prefills, mixed steps) decode the weight into a reused
-per-thread buffer and run one cuBLAS matmul. Up to
+per-thread buffer and run one cuBLAS matmul. Inside CUDA graphs, 65 rows and up take whichever of the two
+quant/q4_wide.py timed faster. Up to
 :data:`CUDA_MAX_ROWS`, the CUDA kernels of quant/cuda_q4.py run instead where they timed faster. q8_0: GEMV kernels
 (triton_gemv.py) up to :data:`GEMV_MAX_ROWS`, the decode + cuBLAS path above.
 """
@@ -31,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from . import cuda_q4
+from . import cuda_q4, q4_wide
 
 GEMV_MAX_ROWS = 16
 # 4-bit: the fused tl.dot GEMMs up to here; above, decode + cuBLAS. On an H200 (Qwen3-8B shapes, 2026-12-01) decode
@@ -159,19 +160,13 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
     m = x2.shape[0]
     codes, scales = soa(blocks, kind, shape)
     if kind != "q8_0" and m <= GEMM_MAX_ROWS:
-        return _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, interpreted)
+        fused = lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, interpreted)  # noqa: E731
+        decode = lambda: _decoded(x2, codes, scales, tab, kind, shape, bias, interpreted)  # noqa: E731
+        if m <= CUDA_MAX_ROWS or interpreted or not q4_wide.decode_wins(x2, n, k, kind, bias, fused, decode):
+            return fused()
+        return decode()
     if m > GEMV_MAX_ROWS:
-        rows = max(1, min(n, DEQUANT_MAX_ELEMS // k))
-        if rows < n:  # a vocabulary-sized weight: row chunks, each decoded into the buffer and used at once
-            yt = torch.empty(n, m, dtype=x2.dtype, device=x2.device)  # transposed: a chunk is a row slab
-            for r in range(0, n, rows):
-                c = min(rows, n - r)
-                w = dequantize(codes[r:r + c], scales[r:r + c], tab, kind, (c, k), x2.dtype, interpreted)
-                torch.mm(w, x2.t(), out=yt[r:r + c])
-            y = yt.t().contiguous()
-            return y.add_(bias.to(y.dtype)) if bias is not None else y
-        w = dequantize(codes, scales, tab, kind, shape, x2.dtype, interpreted)
-        return torch.addmm(bias.to(x2.dtype), x2, w.t()) if bias is not None else torch.mm(x2, w.t())
+        return _decoded(x2, codes, scales, tab, kind, shape, bias, interpreted)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     b = bias if bias is not None else y  # any pointer: unused without HAS_BIAS
     grid = lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
@@ -182,6 +177,25 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
         tg.gemv_dot[grid](x2, codes, scales, tab, b, y, m, n, k, x2.stride(0), y.stride(0),
                           HAS_BIAS=bias is not None, KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
     return y
+
+
+def _decoded(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str,
+             shape: tuple[int, int], bias: torch.Tensor | None, interpreted: bool) -> torch.Tensor:
+    """The weight decoded into this thread's reused buffer, then one cuBLAS matmul (prefills, and where
+    quant/q4_wide.py timed it faster inside CUDA graphs)."""
+    n, k = shape
+    m = x2.shape[0]
+    rows = max(1, min(n, DEQUANT_MAX_ELEMS // k))
+    if rows < n:  # a vocabulary-sized weight: row chunks, each decoded into the buffer and used at once
+        yt = torch.empty(n, m, dtype=x2.dtype, device=x2.device)  # transposed: a chunk is a row slab
+        for r in range(0, n, rows):
+            c = min(rows, n - r)
+            w = dequantize(codes[r:r + c], scales[r:r + c], tab, kind, (c, k), x2.dtype, interpreted)
+            torch.mm(w, x2.t(), out=yt[r:r + c])
+        y = yt.t().contiguous()
+        return y.add_(bias.to(y.dtype)) if bias is not None else y
+    w = dequantize(codes, scales, tab, kind, shape, x2.dtype, interpreted)
+    return torch.addmm(bias.to(x2.dtype), x2, w.t()) if bias is not None else torch.mm(x2, w.t())
 
 
 def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,

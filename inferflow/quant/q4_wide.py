@@ -1,0 +1,83 @@
+"""4-bit matmuls of more rows than the CUDA kernels take (``triton_soa.CUDA_MAX_ROWS`` < rows <=
+``triton_soa.GEMM_MAX_ROWS``) inside CUDA graphs: Triton's dequant-fused GEMM, or the weight decoded into a buffer
+and one cuBLAS matmul, whichever the graph warm-up timed faster for the key.
+
+Such steps are batched decode at 65-256 sequences, short prefills replayed as graphs (``graph_prefill_tokens``)
+and mixed steps. Run eagerly, they take the fused GEMM: a one-prompt prefill of 96-256 tokens is bound by the
+host, and there one launch per matmul beat two (docs/benchmarks.md, 2026-12-01 03:33 UTC). Inside a graph a
+launch costs nothing, and on an H200 decode + cuBLAS took 1.3-2.1x less GPU time per Qwen3-8B layer at 96-256
+rows than the autotuned fused GEMM. Timing per key, not a fixed row bound, keeps the fused GEMM wherever a GPU
+or shape favours it.
+
+The choice is made only inside the graph warm-up (model/gpu_gemv.py's ``selecting`` block, which
+engine/cuda_graphs.py enters before each capture), so that the decode buffer exists before the capture that
+bakes its address in. Choices persist like the other kernel choices (native/choices.py).
+``INFERFLOW_Q4_WIDE=0`` (read at each call: an A/B run captures one engine with each) keeps the fused GEMM.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..native import choices
+
+FUSED, DECODE = "fused", "decode"
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_choice: dict[tuple, str] = {}
+STORE = choices.ChoiceStore("q4_wide", [Path(__file__), Path(__file__).with_name("triton_soa.py"),
+                                        Path(__file__).with_name("triton_q4_gemm.py")])
+
+
+def enabled() -> bool:
+    return os.environ.get("INFERFLOW_Q4_WIDE", "1") not in ("0", "false", "off")
+
+
+def _selecting() -> bool:
+    from ..model import gpu_gemv
+
+    return gpu_gemv.selecting_now()
+
+
+def decode_wins(x2: torch.Tensor, n: int, k: int, kind: str, bias: torch.Tensor | None,
+                fused: Callable[[], torch.Tensor], decode: Callable[[], torch.Tensor]) -> bool:
+    """Whether this matmul (activations ``x2`` [M, K], a 4-bit [n, k] weight) runs ``decode`` (weight decoded, then
+    cuBLAS) rather than ``fused``: the timed choice for its key inside CUDA graphs and their warm-up; False
+    elsewhere, and for a key not timed yet anywhere but in the warm-up."""
+    if x2.device.type != "cuda" or not enabled():
+        return False
+    capturing = torch.cuda.is_current_stream_capturing()
+    if not capturing and not _selecting():
+        return False  # an eager step: bound by the host (module docstring)
+    key = (x2.shape[0], n, k, kind, x2.dtype, bias is not None, x2.device)
+    hit = _choice.get(key)
+    if hit is not None or capturing:
+        return hit == DECODE
+    with _lock:
+        if key not in _choice:
+            got = STORE.get(key[:6], x2.device)
+            if got not in (FUSED, DECODE):
+                got = _time(fused, decode)
+                STORE.put(key[:6], x2.device, got)
+            _choice[key] = got
+            log.debug("4-bit matmul %s in graphs: %s", key[:6], got)
+    return _choice[key] == DECODE
+
+
+def _time(fused: Callable[[], torch.Tensor], decode: Callable[[], torch.Tensor]) -> str:
+    """The faster of the two as CUDA-graph replays with L2 flushed (how a decode step runs them)."""
+    from .triton_q4 import _flushed_graph_ms
+
+    fused()  # Triton's autotuner first (it times with its own graphs), outside the timed graph
+    decode()
+    try:
+        return DECODE if _flushed_graph_ms(decode) < _flushed_graph_ms(fused) else FUSED
+    except RuntimeError as e:  # a timer problem must not fail the step: the fused GEMM, as before
+        log.warning("4-bit matmul timing failed (%s); the fused GEMM runs", e)
+        return FUSED
