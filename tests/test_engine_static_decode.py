@@ -8,6 +8,7 @@ from engine_models import one_thread  # noqa: F401 - autouse fixture
 from parity import DEVICE
 from inferflow.engine import Engine, EngineConfig, SamplingParams
 from inferflow.engine.cuda_graphs import DecodeGraphs, buckets
+from inferflow.errors import InferflowError
 from inferflow.engine.static_decode import pure_decode
 from inferflow.model.fuse import fuse_projections
 
@@ -49,7 +50,19 @@ def _gathered(runner, monkeypatch):
 def test_buckets():
     assert buckets(1) == [1]
     assert buckets(12) == [1, 2, 4, 8, 12]
-    assert buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert buckets(64) == [1, 2, 4, 8, 16, 32, 40, 48, 56, 64]
+    assert buckets(300) == [1, 2, 4, 8, 16, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 300]
+    # a batch pads to at most a quarter more rows from 32 on (powers of two alone: 65 sequences ran 128 rows)
+    for n in range(33, 1025):
+        assert next(b for b in buckets(1024) if b >= n) <= n * 1.25
+    assert buckets(100, [64, 8, 8, 200, 1]) == [1, 8, 64, 100]  # cuda_graph_sizes: sorted, capped, closed
+
+
+def test_graph_sizes_config():
+    assert EngineConfig(cuda_graph_sizes=[1, 4, 16]).cuda_graph_sizes == [1, 4, 16]
+    for bad in ([], [0, 8], [8, 5000], "1,2", [True], [1.5]):
+        with pytest.raises(InferflowError, match="cuda_graph_sizes"):
+            EngineConfig(cuda_graph_sizes=bad)
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])

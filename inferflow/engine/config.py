@@ -42,6 +42,9 @@ class EngineConfig:
     ngram_prompt_lookup_min: int = 3       # "[ngram]": the shortest (shorter matches mispredict: docs/benchmarks.md)
     cuda_graphs: bool = True               # CUDA only: pure-decode steps replay captured graphs (False: eager)
     capture_graphs_at_start: bool = True   # capture every batch-size bucket's graph at start (False: on first use)
+    cuda_graph_sizes: list[int] | None = None  # the graph buckets' row counts (vLLM's name); None: 1, 2, 4 .. 32,
+    #                                        then steps of 8 to 64, 16 to 128, 32 to 256, ...; the larger of
+    #                                        max_num_seqs and graph_prefill_tokens always closes the list
     graph_prefill_tokens: int = 128        # CUDA graphs: steps with prefill chunks of at most this many new tokens
     #                                        replay a static step too, each token a decode row (0: eager); a short
     #                                        prompt's first token 3.5-12x sooner on an H200 (docs/benchmarks.md)
@@ -60,6 +63,10 @@ class EngineConfig:
         # the step's head makes float32 logits for every row: 512 rows of a 152k vocabulary are 311 MB
         if not isinstance(self.graph_prefill_tokens, int) or not 0 <= self.graph_prefill_tokens <= 512:
             raise bad("graph_prefill_tokens", "an integer from 0 (off) to 512")
+        sizes = self.cuda_graph_sizes
+        if sizes is not None and (not isinstance(sizes, (list, tuple)) or not sizes or any(
+                isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096 for v in sizes)):
+            raise bad("cuda_graph_sizes", "null or a non-empty list of integers from 1 to 4096")
         if self.preemption_mode not in ("recompute", "swap"):
             raise bad("preemption_mode", "'recompute' or 'swap'")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in STORE_DTYPES:

@@ -1,7 +1,7 @@
 """CUDA graphs for decode steps: one captured static decode step (static_decode.py) per batch-size bucket.
 
-A pure-decode batch of ``n`` sequences replays the graph of the smallest bucket >= n (1, 2, 4, 8, 16, 32, ...,
-up to ``max_num_seqs``), so a step costs one graph launch instead of a few thousand kernel launches from
+A pure-decode batch of ``n`` sequences replays the graph of the smallest bucket >= n (1, 2, 4, 8, 16, 32, 40, 48,
+..., up to ``max_num_seqs``: :func:`buckets`), so a step costs one graph launch instead of a few thousand kernel launches from
 Python. Each bucket is captured after a warm-up run on a side stream (Triton compiles, the GEMV choices are
 timed, the allocator settles), all in one shared memory pool: every bucket when the engine starts
 (``capture_all``, largest first, as vLLM does; ``EngineConfig.capture_graphs_at_start``), else a bucket on its
@@ -36,12 +36,17 @@ def _gemv_selection() -> contextlib.AbstractContextManager:
 log = logging.getLogger(__name__)
 
 
-def buckets(max_batch: int) -> list[int]:
-    """Powers of two below ``max_batch``, then ``max_batch`` itself."""
+def buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[int]:
+    """The graphs' row counts up to ``max_batch``, which closes the list: ``sizes`` below it, else powers of two
+    up to 32, then steps of a quarter of the power of two below (8 up to 64, 16 up to 128, 32 up to 256, ...).
+    A batch pads to the next bucket: at most a quarter of its rows from 32 on, where powers of two alone padded
+    up to all (65 sequences ran 128 rows), as vLLM's capture sizes (steps of 8) avoid too."""
+    if sizes is not None:
+        return sorted({int(v) for v in sizes if v < max_batch}) + [max_batch]
     out, b = [], 1
     while b < max_batch:
         out.append(b)
-        b *= 2
+        b = b * 2 if b < 32 else b + (1 << (b.bit_length() - 3))
     return out + [max_batch]
 
 
@@ -58,10 +63,11 @@ class DecodeGraphs:
     """Replays captured static decode steps; ``graphs=False`` runs the same padded step eagerly (CPU tests)."""
 
     def __init__(self, model: Any, cache: Any, max_batch: int, max_model_len: int, *, graphs: bool = True,
-                 use_kernel: bool | None = None, chained_rows: int = 0):
-        """``max_batch`` decode rows; ``chained_rows``: up to this many token rows of steps with prefill chunks."""
+                 use_kernel: bool | None = None, chained_rows: int = 0, sizes: Sequence[int] | None = None):
+        """``max_batch`` decode rows; ``chained_rows``: up to this many token rows of steps with prefill chunks;
+        ``sizes``: the buckets (see :func:`buckets`)."""
         self.static = StaticDecode(model, cache, max(max_batch, chained_rows), max_model_len, use_kernel)
-        self.buckets = buckets(max(max_batch, chained_rows))
+        self.buckets = buckets(max(max_batch, chained_rows), sizes)
         self.decode_buckets = self.buckets[:self.buckets.index(self.bucket(max_batch)) + 1]  # capture_all's
         self.chained_rows = chained_rows
         self.graphs_on = graphs and model.device.type == "cuda"

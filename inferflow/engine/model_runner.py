@@ -63,7 +63,8 @@ class ModelRunner:
                 and not cache.host_layers and not config.host_embeddings):
             self.graphs = DecodeGraphs(model, cache, config.max_num_seqs, max_model_len, graphs=config.cuda_graphs,
                                        use_kernel=None if cuda else False,
-                                       chained_rows=config.graph_prefill_tokens if cuda and config.cuda_graphs else 0)
+                                       chained_rows=config.graph_prefill_tokens if cuda and config.cuda_graphs else 0,
+                                       sizes=config.cuda_graph_sizes)
         if cuda:
             varlen.warm_up(self.device, model.dtype)
         if self.graphs is not None and getattr(config, "capture_graphs_at_start", False):
