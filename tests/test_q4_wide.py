@@ -1,5 +1,6 @@
-"""4-bit matmuls of 65-256 rows inside CUDA graphs (inferflow/quant/q4_wide.py): the fused GEMM or decode +
-cuBLAS, chosen by timing in the graph warm-up only, and a captured graph replays the chosen path correctly."""
+"""4-bit matmuls of 65-256 rows inside CUDA graphs (inferflow/quant/q4_wide.py): the fused GEMM, decode + cuBLAS
+or 64-row chunks, chosen by timing in the graph warm-up only, and a captured graph replays the chosen path
+correctly."""
 import os
 
 import pytest
@@ -18,7 +19,7 @@ def _never(*a):
 def test_no_choice_off_the_gpu_or_switched_off(monkeypatch):
     monkeypatch.setattr(q4_wide, "_time", _never)
     x = torch.randn(96, 64)
-    assert not q4_wide.decode_wins(x, 32, 64, "q4_0", None, _never, _never)
+    assert q4_wide.pick(x, 32, 64, "q4_0", None, {q4_wide.FUSED: _never, q4_wide.DECODE: _never}) == q4_wide.FUSED
     monkeypatch.setenv("INFERFLOW_Q4_WIDE", "0")
     assert not q4_wide.enabled()
 
@@ -40,7 +41,7 @@ def _weight(n: int, k: int):
 
 
 @cuda_only
-@pytest.mark.parametrize("forced", [q4_wide.DECODE, q4_wide.FUSED])
+@pytest.mark.parametrize("forced", [q4_wide.DECODE, q4_wide.FUSED, q4_wide.CHUNKS])
 def test_graph_replays_the_chosen_path(monkeypatch, fresh_choices, forced):
     from inferflow.model import gpu_gemv
 
@@ -51,7 +52,7 @@ def test_graph_replays_the_chosen_path(monkeypatch, fresh_choices, forced):
     monkeypatch.setattr(q4_wide, "_time", _never)
     triton_kernels.matmul(x, blocks, p.qtype, (n, k), None)  # eager, outside the warm-up: no choice made
     assert q4_wide._choice == {}
-    monkeypatch.setattr(q4_wide, "_time", lambda fused, decode: forced)
+    monkeypatch.setattr(q4_wide, "_time", lambda calls: forced)
     with gpu_gemv.selecting():
         warm = triton_kernels.matmul(x, blocks, p.qtype, (n, k), None)
     assert list(q4_wide._choice.values()) == [forced]
@@ -97,5 +98,5 @@ def test_timed_choice_is_stored(fresh_choices):
     x = torch.randn(128, k, device=DEVICE).bfloat16()
     with gpu_gemv.selecting():
         triton_kernels.matmul(x, blocks, p.qtype, (n, k), None)
-    assert list(q4_wide._choice.values())[0] in (q4_wide.FUSED, q4_wide.DECODE)
+    assert list(q4_wide._choice.values())[0] in (q4_wide.FUSED, q4_wide.DECODE, q4_wide.CHUNKS)
     assert len(list((fresh_choices / "choices").glob("q4_wide-*.json"))) == 1

@@ -4,6 +4,7 @@ Three engines on one model, interleaved, medians.
 
     python3 tools/random_hf_model.py qwen3-8b /tmp/qwen3-8b
     python3 tools/bench_q4_wide_gpu.py --model /tmp/qwen3-8b [--batches 128,256] [--lens 96,128] [--rounds 3]
+    python3 tools/bench_q4_wide_gpu.py --kernels 80,96,128,160   # each candidate per layer shape, µs per call
 
 Per round and engine: batched decode tok/s at each batch (``--new-tokens`` after the prompts' first tokens, as
 tools/bench_gpu.py counts them), and the time to first token of one lone prompt of each length (a graph replay
@@ -26,15 +27,44 @@ from bench_gpu_ours import leading_same, ours_decode  # noqa: E402
 from bench_short_prefill_gpu import first_token_ms  # noqa: E402
 
 
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+
+
+def kernels(rows: list[int]) -> None:
+    """µs per call of each candidate (quant/q4_wide.py) per Qwen3-8B layer shape, as the warm-up times them."""
+    from inferflow.quant import formats, triton_kernels, triton_soa
+    from inferflow.quant.triton_q4 import _flushed_graph_ms
+
+    tab = triton_kernels._scale_table(torch.device("cuda"))
+    for name, (n, k) in SHAPES.items():
+        p = formats.quantize(torch.randn(n, k, device="cuda"), "q4_0")
+        blocks = p.data.reshape(n, -1)
+        codes, scales = triton_soa.soa(blocks, "q4_0", (n, k))
+        for m in rows:
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            calls = triton_soa.wide_calls(x, blocks, codes, scales, tab, "q4_0", (n, k), None)
+            ref = calls["fused"]().float()
+            us = {}
+            for cand, call in calls.items():
+                err = ((call().float() - ref).abs().max() / ref.abs().max()).item()
+                us[cand] = f"{_flushed_graph_ms(call) * 1e3:.1f} (diff {err:.1e})"
+            print(f"{name} {n}x{k}, {m} rows: " + ", ".join(f"{c} {v}" for c, v in us.items()), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--kernels", help="only time each candidate per layer shape at these rows (comma list)")
+    ap.add_argument("--model")
     ap.add_argument("--batches", default="128,256")
     ap.add_argument("--lens", default="96,128")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
+    if a.kernels:
+        return kernels([int(v) for v in a.kernels.split(",")])
+    if not a.model:
+        ap.error("--model is required (or --kernels)")
     batches, lens = [int(v) for v in a.batches.split(",")], [int(v) for v in a.lens.split(",")]
     cfg = EngineConfig(max_num_seqs=max(batches), max_model_len=a.prompt_len + a.new_tokens + 16,
                        max_num_batched_tokens=16384, enable_prefix_caching=False, kv_cache_memory=8.0,

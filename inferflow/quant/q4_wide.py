@@ -1,6 +1,7 @@
 """4-bit matmuls of more rows than the CUDA kernels take (``triton_soa.CUDA_MAX_ROWS`` < rows <=
-``triton_soa.GEMM_MAX_ROWS``) inside CUDA graphs: Triton's dequant-fused GEMM, or the weight decoded into a buffer
-and one cuBLAS matmul, whichever the graph warm-up timed faster for the key.
+``triton_soa.GEMM_MAX_ROWS``) inside CUDA graphs: Triton's dequant-fused GEMM, the weight decoded into a buffer
+and one cuBLAS matmul, or the rows in chunks of CUDA_MAX_ROWS (the CUDA kernels where they timed faster), whichever
+the graph warm-up timed fastest for the key.
 
 Such steps are batched decode at 65-256 sequences, short prefills replayed as graphs (``graph_prefill_tokens``)
 and mixed steps. Run eagerly, they take the fused GEMM: a one-prompt prefill of 96-256 tokens is bound by the
@@ -26,7 +27,7 @@ import torch
 
 from ..native import choices
 
-FUSED, DECODE = "fused", "decode"
+FUSED, DECODE, CHUNKS = "fused", "decode", "chunks"
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -45,39 +46,40 @@ def _selecting() -> bool:
     return gpu_gemv.selecting_now()
 
 
-def decode_wins(x2: torch.Tensor, n: int, k: int, kind: str, bias: torch.Tensor | None,
-                fused: Callable[[], torch.Tensor], decode: Callable[[], torch.Tensor]) -> bool:
-    """Whether this matmul (activations ``x2`` [M, K], a 4-bit [n, k] weight) runs ``decode`` (weight decoded, then
-    cuBLAS) rather than ``fused``: the timed choice for its key inside CUDA graphs and their warm-up; False
-    elsewhere, and for a key not timed yet anywhere but in the warm-up."""
+def pick(x2: torch.Tensor, n: int, k: int, kind: str, bias: torch.Tensor | None,
+         calls: dict[str, Callable[[], torch.Tensor]]) -> str:
+    """Which of ``calls`` (by name: :data:`FUSED`, and :data:`DECODE`, :data:`CHUNKS`) runs this matmul
+    (activations ``x2`` [M, K], a 4-bit [n, k] weight): the timed choice for its key inside CUDA graphs and their
+    warm-up; FUSED elsewhere, and for a key not timed yet anywhere but in the warm-up."""
     if x2.device.type != "cuda" or not enabled():
-        return False
+        return FUSED
     capturing = torch.cuda.is_current_stream_capturing()
     if not capturing and not _selecting():
-        return False  # an eager step: bound by the host (module docstring)
+        return FUSED  # an eager step: bound by the host (module docstring)
     key = (x2.shape[0], n, k, kind, x2.dtype, bias is not None, x2.device)
     hit = _choice.get(key)
     if hit is not None or capturing:
-        return hit == DECODE
+        return hit if hit in calls else FUSED
     with _lock:
         if key not in _choice:
             got = STORE.get(key[:6], x2.device)
-            if got not in (FUSED, DECODE):
-                got = _time(fused, decode)
+            if got not in calls:
+                got = _time(calls)
                 STORE.put(key[:6], x2.device, got)
             _choice[key] = got
             log.debug("4-bit matmul %s in graphs: %s", key[:6], got)
-    return _choice[key] == DECODE
+    return _choice[key]
 
 
-def _time(fused: Callable[[], torch.Tensor], decode: Callable[[], torch.Tensor]) -> str:
-    """The faster of the two as CUDA-graph replays with L2 flushed (how a decode step runs them)."""
+def _time(calls: dict[str, Callable[[], torch.Tensor]]) -> str:
+    """The fastest of ``calls`` as CUDA-graph replays with L2 flushed (how a decode step runs them)."""
     from .triton_q4 import _flushed_graph_ms
 
-    fused()  # Triton's autotuner first (it times with its own graphs), outside the timed graph
-    decode()
+    for call in calls.values():  # Triton's autotuner and the CUDA kernels' choices first, outside the timed graphs
+        call()
     try:
-        return DECODE if _flushed_graph_ms(decode) < _flushed_graph_ms(fused) else FUSED
+        ms = {name: _flushed_graph_ms(call) for name, call in calls.items()}
     except RuntimeError as e:  # a timer problem must not fail the step: the fused GEMM, as before
         log.warning("4-bit matmul timing failed (%s); the fused GEMM runs", e)
         return FUSED
+    return min(ms, key=ms.get)

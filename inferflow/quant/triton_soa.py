@@ -18,8 +18,8 @@ dicts, moves off the GPU and the bit-exact reference path read them), so a weigh
 4-bit weights: up to :data:`FMA_MAX_ROWS` activation rows run the float32 FMA GEMV (triton_q4.gemv4), up to
 :data:`GEMM_MAX_ROWS` a dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4, or triton_q4_swap.gemm4s for
 :data:`SWAP_ROWS` rows: no decoded copy), more rows (prefills, mixed steps) decode the weight into a reused
-per-thread buffer and run one cuBLAS matmul. Inside CUDA graphs, 65 rows and up take whichever of the two
-quant/q4_wide.py timed faster. Up to
+per-thread buffer and run one cuBLAS matmul. Inside CUDA graphs, 65 rows and up take whichever of these two, or
+the rows in chunks of CUDA_MAX_ROWS, quant/q4_wide.py timed fastest. Up to
 :data:`CUDA_MAX_ROWS`, the CUDA kernels of quant/cuda_q4.py run instead where they timed faster. q8_0: GEMV kernels
 (triton_gemv.py) up to :data:`GEMV_MAX_ROWS`, the decode + cuBLAS path above.
 """
@@ -160,11 +160,10 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
     m = x2.shape[0]
     codes, scales = soa(blocks, kind, shape)
     if kind != "q8_0" and m <= GEMM_MAX_ROWS:
-        fused = lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, interpreted)  # noqa: E731
-        decode = lambda: _decoded(x2, codes, scales, tab, kind, shape, bias, interpreted)  # noqa: E731
-        if m <= CUDA_MAX_ROWS or interpreted or not q4_wide.decode_wins(x2, n, k, kind, bias, fused, decode):
-            return fused()
-        return decode()
+        if m <= CUDA_MAX_ROWS or interpreted:
+            return _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, interpreted)
+        calls = wide_calls(x2, blocks, codes, scales, tab, kind, shape, bias)
+        return calls[q4_wide.pick(x2, n, k, kind, bias, calls)]()
     if m > GEMV_MAX_ROWS:
         return _decoded(x2, codes, scales, tab, kind, shape, bias, interpreted)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
@@ -177,6 +176,16 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
         tg.gemv_dot[grid](x2, codes, scales, tab, b, y, m, n, k, x2.stride(0), y.stride(0),
                           HAS_BIAS=bias is not None, KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
     return y
+
+
+def wide_calls(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
+               kind: str, shape: tuple[int, int], bias: torch.Tensor | None) -> dict[str, Callable[[], torch.Tensor]]:
+    """quant/q4_wide.py's candidates for a 4-bit matmul of more than CUDA_MAX_ROWS rows on a GPU, by name."""
+    return {q4_wide.FUSED: lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, False),
+            q4_wide.DECODE: lambda: _decoded(x2, codes, scales, tab, kind, shape, bias, False),
+            q4_wide.CHUNKS: lambda: torch.cat([_matmul4(x2[r:r + CUDA_MAX_ROWS], blocks, codes, scales, tab, kind,
+                                                        shape, bias, False)
+                                               for r in range(0, x2.shape[0], CUDA_MAX_ROWS)])}
 
 
 def _decoded(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str,
