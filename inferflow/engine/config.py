@@ -44,7 +44,8 @@ class EngineConfig:
     capture_graphs_at_start: bool = True   # capture every batch-size bucket's graph at start (False: on first use)
     cuda_graph_sizes: list[int] | None = None  # the graph buckets' row counts (vLLM's name); None: 1, 2, 4 .. 32,
     #                                        then steps of 8 to 64, 16 to 128, 32 to 256, ...; the larger of
-    #                                        max_num_seqs and graph_prefill_tokens always closes the list
+    #                                        max_num_seqs and graph_prefill_tokens always closes the list; each
+    #                                        graph keeps its float32 logits (rows x vocab x 4 bytes)
     graph_prefill_tokens: int = 128        # CUDA graphs: steps with prefill chunks of at most this many new tokens
     #                                        replay a static step too, each token a decode row (0: eager); a short
     #                                        prompt's first token 3.5-12x sooner on an H200 (docs/benchmarks.md)
