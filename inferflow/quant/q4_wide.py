@@ -26,14 +26,16 @@ from typing import Callable
 import torch
 
 from ..native import choices
+from . import cuda_q4
 
 FUSED, DECODE, CHUNKS = "fused", "decode", "chunks"
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _choice: dict[tuple, str] = {}
+# the candidates' sources: the chunks run the CUDA kernels (cuda_q4.py's) where those timed faster
 STORE = choices.ChoiceStore("q4_wide", [Path(__file__), Path(__file__).with_name("triton_soa.py"),
-                                        Path(__file__).with_name("triton_q4_gemm.py")])
+                                        Path(__file__).with_name("triton_q4_gemm.py"), *cuda_q4.STORE.sources])
 
 
 def enabled() -> bool:
