@@ -133,6 +133,7 @@ def test_matmul(name, m, request):
             out = torch.empty(m, n, device=DEVICE, dtype=torch.bfloat16)
             cands = [("mma", c) for c in (cuda_q4_mma.gemv_configs(x.device) if m <= cuda_q4_mma.MAX_ROWS else [])]
             cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+            cands += [("wg", c) for c in range(len(cuda_q4_mma.WG_CONFIGS)) if cuda_q4_mma.wg_supports(xb, kind, k)]
             # rows 4 bytes past a 16-byte boundary too: the bulk-copy configs' fallback (their copies need 16)
             buf = torch.empty(m * k + 2, dtype=torch.bfloat16, device=DEVICE)
             xm = buf[2:].view(m, k)
@@ -141,6 +142,66 @@ def test_matmul(name, m, request):
                 for xin in (xb, xm) if cand[0] == "mma" else (xb,):
                     y = cuda_q4.run(cand, xin, blocks, codes, scales, tab, kind, n, k, bb, out)
                     assert (y.double() - refb).abs().max().item() <= 8e-3 * refb.abs().max().item(), cand
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="runs Hopper's warpgroup MMA (INFERFLOW_TEST_DEVICE=cuda)")
+@pytest.mark.parametrize("m", [9, 64, 100, 256])
+def test_warpgroup_gemm(m):
+    # every launch config of the wgmma GEMM (native/q4_wgmma.cu) against the float64 product with the decoded
+    # weight: 200 rows (13 row tiles, the last padded, 4 row groups) by K = 4096, so that blocks split K
+    if not (cuda.nvcc() and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("needs nvcc and an sm_90 GPU")
+    n, k = 200, 4096
+    p = formats.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(m)), "q4_0")
+    blocks = p.data.reshape(n, -1).to(DEVICE)
+    w = p.dequantize().double().to(DEVICE)
+    codes, scales = triton_soa.soa(blocks, "q4_0", (n, k))
+    tab = triton_kernels._scale_table(torch.device(DEVICE))
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(m, k, device=DEVICE).to(dtype)
+        bias = torch.randn(n, device=DEVICE).to(dtype)
+        ref = x.double() @ w.t() + bias.double()
+        assert cuda_q4_mma.wg_supports(x, "q4_0", k) and cuda_q4.wide_supports(x, "q4_0", bias)
+        out = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+        for cfg in range(len(cuda_q4_mma.WG_CONFIGS)):
+            for _ in range(2):  # twice: the split counters are left zero for the next call
+                y = cuda_q4.run(("wg", cfg), x, blocks, codes, scales, tab, "q4_0", n, k, bias, out)
+                err = (y.double() - ref).abs().max().item() / ref.abs().max().item()
+                assert err <= 8e-3, (dtype, cfg, err)
+
+
+def test_warpgroup_gemm_only_on_sm90(monkeypatch):
+    # its instructions are sm_90a's: built for that target there, and not loaded (nor offered) anywhere else
+    cmd = cuda.build_command("nvcc", Path("q4_wgmma.cu"), (9, 0), "out.so")
+    assert "-gencode=arch=compute_90a,code=sm_90a" in cmd
+    assert "-gencode=arch=compute_90,code=sm_90" in cuda.build_command("nvcc", Path("q4_mma.cu"), (9, 0), "o.so")
+    assert "-gencode=arch=compute_100,code=sm_100" in cuda.build_command("nvcc", Path("q4_wgmma.cu"), (10, 0), "o")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert cuda.load("q4_wgmma", torch.device("cuda", 0)) is None
+    def on_gpu(rows):  # the layout of [rows, 512] bf16 activations on a CUDA device
+        t = torch.empty(rows, 512, dtype=torch.bfloat16)
+
+        class OnGpu:
+            device, dtype, shape, stride = torch.device("cuda", 0), t.dtype, t.shape, t.stride
+
+            def data_ptr(self):
+                return 4096
+        return OnGpu()
+    assert cuda_q4_mma.rows_supports(on_gpu(100), "q4_0", 512, cuda_q4_mma.WG_MAX)
+    assert not cuda_q4_mma.wg_supports(on_gpu(100), "q4_0", 512)  # not sm_90
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert cuda_q4_mma.wg_supports(on_gpu(100), "q4_0", 512) and cuda_q4_mma.wg_supports(on_gpu(256), "q4_0", 512)
+    assert not cuda_q4_mma.wg_supports(on_gpu(100), "q4_0", 544)
+    assert not cuda_q4_mma.wg_supports(on_gpu(8), "q4_0", 512)  # up to 8 rows: the GEMVs'
+    assert not cuda_q4_mma.wg_supports(on_gpu(257), "q4_0", 512)
+
+
+def test_wgmma_header_generated():
+    # the wgmma wrappers are generated (N / 2 accumulator operands each): the header is what the tool writes
+    tool = Path(__file__).resolve().parent.parent / "tools" / "gen_wgmma_ops.py"
+    import subprocess
+    assert subprocess.run([sys.executable, str(tool), "--check"], capture_output=True).returncode == 0
 
 
 def test_tensor_core_layout_round_trip():

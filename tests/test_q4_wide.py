@@ -1,6 +1,6 @@
-"""4-bit matmuls of 65-256 rows inside CUDA graphs (inferflow/quant/q4_wide.py): the fused GEMM, decode + cuBLAS
-or 64-row chunks, chosen by timing in the graph warm-up only, and a captured graph replays the chosen path
-correctly."""
+"""4-bit matmuls of 65-256 rows inside CUDA graphs (inferflow/quant/q4_wide.py): the fused GEMM, decode + cuBLAS,
+64-row chunks or (Hopper) the warpgroup-MMA GEMM, chosen by timing in the graph warm-up only, and a captured graph
+replays the chosen path correctly."""
 import os
 
 import pytest
@@ -41,14 +41,21 @@ def _weight(n: int, k: int):
 
 
 @cuda_only
-@pytest.mark.parametrize("forced", [q4_wide.DECODE, q4_wide.FUSED, q4_wide.CHUNKS])
+@pytest.mark.parametrize("forced", [q4_wide.DECODE, q4_wide.FUSED, q4_wide.CHUNKS, q4_wide.WGMMA])
 def test_graph_replays_the_chosen_path(monkeypatch, fresh_choices, forced):
     from inferflow.model import gpu_gemv
+    from inferflow.quant import cuda_q4
 
     n, k, m = 512, 1024, 96
     p, blocks = _weight(n, k)
     ref_w = p.dequantize().to(DEVICE).bfloat16().double()  # decode + cuBLAS rounds the weight to bf16
     x = torch.randn(m, k, device=DEVICE).bfloat16()
+    if forced == q4_wide.WGMMA:  # the warpgroup-MMA GEMM itself, not Triton's GEMM should it time faster
+        if not cuda_q4.wide_supports(x, "q4_0", None):
+            pytest.skip("the warpgroup-MMA GEMM needs nvcc and an sm_90 GPU")
+        monkeypatch.setattr(cuda_q4, "_choice", {})
+        monkeypatch.setattr(cuda_q4, "_stored", lambda *a: None)
+        monkeypatch.setattr(cuda_q4, "_time", lambda *a: ("wg", 0))
     monkeypatch.setattr(q4_wide, "_time", _never)
     triton_kernels.matmul(x, blocks, p.qtype, (n, k), None)  # eager, outside the warm-up: no choice made
     assert q4_wide._choice == {}
@@ -98,5 +105,5 @@ def test_timed_choice_is_stored(fresh_choices):
     x = torch.randn(128, k, device=DEVICE).bfloat16()
     with gpu_gemv.selecting():
         triton_kernels.matmul(x, blocks, p.qtype, (n, k), None)
-    assert list(q4_wide._choice.values())[0] in (q4_wide.FUSED, q4_wide.DECODE, q4_wide.CHUNKS)
+    assert list(q4_wide._choice.values())[0] in (q4_wide.FUSED, q4_wide.DECODE, q4_wide.CHUNKS, q4_wide.WGMMA)
     assert len(list((fresh_choices / "choices").glob("q4_wide-*.json"))) == 1

@@ -49,7 +49,7 @@ def check(engine: bool = True) -> None:
             w = p.dequantize().double().cuda()
         codes, scales = triton_soa.soa(blocks, kind, (n, k))
         for dtype in (torch.float32, torch.bfloat16):
-            for m in (1, 2, 5, 16, 37, 64):  # beyond 2: the tensor-core kernels only
+            for m in (1, 2, 5, 16, 37, 64, 100, 256):  # beyond 2: the tensor-core kernels only (64: Hopper's)
                 for with_bias in (False, True):
                     x = torch.randn(m, k, device="cuda").to(dtype)
                     bias = torch.randn(n, device="cuda").to(dtype) if with_bias else None
@@ -68,7 +68,8 @@ def check(engine: bool = True) -> None:
                         continue  # no CUDA kernel takes these rows
                     limit = 1e-5 if dtype == torch.float32 else 8e-3
                     worst = max(errs[:-1] if engine else errs)
-                    fold = [e for c, e in zip(cands, errs) if c[0] == "rows" and cuda_q4_mma.ROWS_CONFIGS[c[1]][2]]
+                    fold = [e for c, e in zip(cands, errs)
+                            if c[0] == "wg" or (c[0] == "rows" and cuda_q4_mma.ROWS_CONFIGS[c[1]][2])]
                     print(f"check {kind} {n}x{k} {str(dtype)[6:]} M={m} bias={with_bias}: max rel err "
                           f"{worst:.2e} (configs){f', {max(fold):.2e} (scale folded)' if fold else ''}"
                           f"{f', {errs[-1]:.2e} (matmul)' if engine else ''}"
@@ -82,6 +83,8 @@ def candidates(x: torch.Tensor, kind: str, k: int) -> list[tuple[str, int]]:
         cands += [("mma", c) for c in cuda_q4_mma.gemv_configs(x.device)]
     if cuda_q4_mma.rows_supports(x, kind, k):
         cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+    if cuda_q4_mma.wg_supports(x, kind, k):
+        cands += [("wg", c) for c in range(len(cuda_q4_mma.WG_CONFIGS))]
     return cands
 
 
@@ -91,6 +94,9 @@ def label(cand: tuple[str, int]) -> str:
     if cand[0] == "mma":
         w, u, s = cuda_q4_mma.CONFIGS[cand[1]]
         return f"mma W={w},U={u}" + (f",bulk S={s}" if s else "")
+    if cand[0] == "wg":
+        wg, rw, ks, stages = cuda_q4_mma.WG_CONFIGS[cand[1]]
+        return f"wgmma WG={wg},RW={rw},KS={ks},S={stages}"
     r, w, fold, minb = cuda_q4_mma.ROWS_CONFIGS[cand[1]]
     return f"rows R={r},W={w}{',fold' if fold else ''}{f',{minb}/SM' if minb > 1 else ''}"
 
@@ -131,7 +137,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--kinds", default="fma,mma,rows", help="the CUDA kernels timed (checks run them all)")
+    ap.add_argument("--kinds", default="fma,mma,rows,wg", help="the CUDA kernels timed (checks run them all)")
     ap.add_argument("--kernel-check", action="store_true", help="check the CUDA kernels only, not the engine's "
                     "matmul (no Triton autotuning)")
     a = ap.parse_args()

@@ -46,9 +46,14 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+# sources with instructions of one architecture only: built for its ``sm_XYa`` target (Hopper's wgmma is sm_90a)
+ARCH_SPECIFIC = {"q4_wgmma": (9, 0)}
+
+
 def build_command(compiler: str, src: Path, arch: tuple[int, int], out: str) -> list[str]:
-    """nvcc's command line: machine code for exactly this GPU (``sm_XY``: Hopper's own instructions included)."""
-    sm = f"{arch[0]}{arch[1]}"
+    """nvcc's command line: machine code for exactly this GPU (``sm_XY``: Hopper's own instructions included;
+    ``sm_XYa`` for the :data:`ARCH_SPECIFIC` sources)."""
+    sm = f"{arch[0]}{arch[1]}" + ("a" if ARCH_SPECIFIC.get(src.stem) == tuple(arch) else "")
     return [compiler, *FLAGS, f"-gencode=arch=compute_{sm},code=sm_{sm}", "-o", out, str(src)]
 
 
@@ -57,6 +62,8 @@ def load(name: str, device: torch.device) -> ctypes.CDLL | None:
     if not enabled() or device.type != "cuda" or not torch.cuda.is_available():
         return None
     arch = torch.cuda.get_device_capability(device)
+    if name in ARCH_SPECIFIC and ARCH_SPECIFIC[name] != tuple(arch):
+        return None
     key = (name, *arch)
     with _lock:
         if key in _libs:

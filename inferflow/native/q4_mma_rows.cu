@@ -25,32 +25,23 @@
 
 #include "cuda_common.cuh"
 #include "q4_mma.cuh"
+#include "q4_rows_finish.cuh"
 
 namespace {
 
 using inferflow_cuda::cp_async16;
 using inferflow_cuda::cp_async_commit;
 using inferflow_cuda::cp_async_wait;
+using inferflow_cuda::each;
+using inferflow_cuda::finish_rows;
 using inferflow_cuda::fragment;
 using inferflow_cuda::ldmatrix_x4;
 using inferflow_cuda::mma;
 using inferflow_cuda::mul2;
 using inferflow_cuda::Pair;
 using inferflow_cuda::scale_pair;
-using inferflow_cuda::store;
 using inferflow_cuda::tile_scales;
-using inferflow_cuda::to_float;
 using inferflow_cuda::word;
-
-// f(r, j, i) for every accumulator of a warp: row tile r, n-tile j, C-fragment element i (unrolled).
-template <int R, int NT, typename F> __device__ __forceinline__ void each(F f) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) f(r, j, i);
-}
 
 // One pipeline stage: a 64-column tile of 8 NT activation rows (row r's 16-byte chunk c at r * 8 + (c ^ (r & 7)))
 // and the codes and scales of the block's W R row tiles at that column tile.
@@ -71,7 +62,7 @@ __global__ void __launch_bounds__(W * 32, MINB) q4_mma_rows(const T* __restrict_
   __shared__ Stage<NT, TILES> st[STAGES];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2;
   const int rt = (n + 15) >> 4, np = rt * 16;
   const int group = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int c0 = static_cast<int>(static_cast<long long>(kt) * split / splits);
@@ -204,49 +195,7 @@ __global__ void __launch_bounds__(W * 32, MINB) q4_mma_rows(const T* __restrict_
   }
   cp_async_wait<0>();
 
-  // acc[r][j][i]: weight row (tile0 + r) * 16 + g + 8 (i >> 1), activation row 8 j + 2 t + (i & 1)
-  if (splits > 1) {
-    float* mine = ws + static_cast<long long>(split) * m * np;
-    each<R, NT>([&](int r, int j, int i) {
-      const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), col = 8 * j + 2 * t + (i & 1);
-      if (col < m && row < n) mine[static_cast<long long>(col) * np + row] = acc[r][j][i];
-    });
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&counters[group], 1) == splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // every split's partial, in split order (this block's own included); split by split, so that a split's
-    // loads are all in flight at once (one load after another, this block took most of the kernel's time)
-    each<R, NT>([&](int r, int j, int i) { acc[r][j][i] = 0.f; });
-    for (int sp = 0; sp < splits; ++sp) {
-      const float* part = ws + static_cast<long long>(sp) * m * np;
-      int base = 2 * t * np + tile0 * 16 + g;  // entry (r, j, i) at base + (8 j + (i & 1)) np + 16 r + 8 (i >> 1)
-      // opaque to the compiler: the 4 R NT entry offsets are recomputed per split, not held in registers through
-      // the whole kernel (that took the main loop from 110 to 174 registers)
-      asm volatile("" : "+r"(base));
-      each<R, NT>([&](int r, int j, int i) {
-        const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), col = 8 * j + 2 * t + (i & 1);
-        if (col < m && row < n) acc[r][j][i] += __ldcg(part + base + (8 * j + (i & 1)) * np + 16 * r + 8 * (i >> 1));
-      });
-    }
-  }
-  // the store as a plain loop: as a lambda (an early return per element) it compiled to other SASS than the
-  // kernel that was measured
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), col = 8 * j + 2 * t + (i & 1);
-        if (col >= m || row >= n) continue;
-        float o = acc[r][j][i];
-        if (bias != nullptr) o += to_float(bias[row]);
-        store(y + col * sym + row, o);
-      }
-  if (splits > 1 && threadIdx.x == 0) counters[group] = 0;
+  finish_rows<T, R, NT>(acc, tile0, lane, bias, y, ws, counters, &last, group, split, splits, n, np, m, sym);
 }
 
 // The grid: one block per row group, times S splits of the column tiles so that the blocks fill the resident
@@ -259,11 +208,8 @@ cudaError_t start(const void* x, const void* codes, const void* scales, const vo
   constexpr auto kernel = q4_mma_rows<T, NT, R, W, STAGES, FOLD, MINB>;
   const int rt = (n + 15) / 16, groups = (rt + W * R - 1) / (W * R);
   const int slots = inferflow_cuda::resident_blocks<kernel>(W * 32);
-  int splits = (slots + groups / 2) / groups;
-  if (splits > kt / 16) splits = kt / 16;
-  const long long per_split = static_cast<long long>(m) * rt * 16;
-  if (splits * per_split > ws_floats) splits = static_cast<int>(ws_floats / per_split);
-  if (groups > counter_slots || splits < 1) splits = 1;
+  const int splits = inferflow_cuda::rows_splits(slots, groups, kt, static_cast<long long>(m) * rt * 16, ws_floats,
+                                                 counter_slots);
   kernel<<<dim3(groups, splits), W * 32, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const uint4*>(codes), static_cast<const uint2*>(scales),
       static_cast<const T*>(bias), static_cast<T*>(y), ws, counters, n, kt, m, sxm, sym);

@@ -12,17 +12,22 @@
   activations staged in shared memory and shared by a block's warps, split K where row groups are few; half its
   configs fold the block scale into the weights before the mma (rounded to the activations' type: fewer
   instructions, which pays from ~32 rows).
+- ``wg`` (``inferflow/native/q4_wgmma.cu``, sm_90 only): the same layout on Hopper's warpgroup MMA, the scale
+  folded, the activations read by the tensor cores from shared memory; up to 256 rows (more than 64: through
+  quant/q4_wide.py, inside CUDA graphs).
 
 Selection: the first eager call of a (rows, N, K, kind, dtype, bias) key, outside a CUDA-graph capture, checks
 every launch config of both against Triton's result, times them and Triton's autotuned pick as CUDA-graph replays
 with L2 flushed between calls (how a decode step runs them), and caches the fastest; the engine's warm-up makes
 that call before it captures. A key first seen inside a capture runs Triton. ``INFERFLOW_CUDA_KERNELS=0`` keeps
-Triton everywhere; without ``nvcc`` nothing here is built and Triton runs as before.
+Triton everywhere; without ``nvcc`` nothing here is built and Triton runs as before. ``INFERFLOW_Q4_WGMMA=0``
+leaves out the ``wg`` kernel.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Callable
@@ -36,6 +41,8 @@ CONFIGS: tuple[int, ...] = (4, 2, 8, 1)
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _KIND = {"q4c": 0, "q4_0": 2}
 TRITON = "triton"  # a choice: Triton's gemv4
+_GEMMS = {"rows": "q4_mma_rows", "wg": "q4_wgmma"}  # the GEMM kinds' libraries
+_LAYOUT_KINDS = ("mma", *_GEMMS)  # the kinds that run on the tensor-core layout
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -61,13 +68,31 @@ def _fma_supports(x2: torch.Tensor, kind: str) -> bool:
 
 def supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
     """Whether some CUDA kernel takes these operands (``x2`` [M, K] on a GPU, a bias of its dtype): the FMA kernel
-    (1-2 rows, see :func:`_fma_supports`) or the tensor-core ones (Q4_0, bf16/fp16, up to 64 rows)."""
+    (1-2 rows, see :func:`_fma_supports`) or the tensor-core ones (Q4_0, bf16/fp16, up to 64 rows; more:
+    :func:`wide_supports`)."""
     from . import cuda_q4_mma
 
     k = x2.shape[-1]
-    return (x2.device.type == "cuda" and (bias is None or (bias.dtype == x2.dtype and bias.is_contiguous()))
-            and (_fma_supports(x2, kind) or cuda_q4_mma.supports(x2, kind, k)
-                 or cuda_q4_mma.rows_supports(x2, kind, k)))
+    return (_bias_ok(x2, bias) and (_fma_supports(x2, kind) or cuda_q4_mma.supports(x2, kind, k)
+                                    or cuda_q4_mma.rows_supports(x2, kind, k)))
+
+
+def wide_supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
+    """Whether the warpgroup-MMA GEMM takes these operands (up to 256 rows on an sm_90 GPU, ``nvcc`` present)."""
+    from ..native import cuda
+    from . import cuda_q4_mma
+
+    return (cuda.enabled() and wg_enabled() and _bias_ok(x2, bias)
+            and cuda_q4_mma.wg_supports(x2, kind, x2.shape[-1]) and _mma_lib(x2.device, "q4_wgmma") is not None)
+
+
+def wg_enabled() -> bool:
+    """False when ``$INFERFLOW_Q4_WGMMA`` is 0 (read at each call: an A/B run captures one engine with each)."""
+    return os.environ.get("INFERFLOW_Q4_WGMMA", "1") not in ("0", "false", "off")
+
+
+def _bias_ok(x2: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return x2.device.type == "cuda" and (bias is None or (bias.dtype == x2.dtype and bias.is_contiguous()))
 
 
 def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str, n: int, k: int,
@@ -89,7 +114,7 @@ def gemv(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch
 
 
 def _mma_lib(device: torch.device, name: str = "q4_mma") -> ctypes.CDLL | None:
-    """The tensor-core GEMV (``q4_mma``) or GEMM (``q4_mma_rows``) library, bound, or None."""
+    """The tensor-core GEMV (``q4_mma``) or GEMM (``q4_mma_rows``, ``q4_wgmma``) library, bound, or None."""
     from ..native import cuda
     from . import cuda_q4_mma
 
@@ -97,6 +122,8 @@ def _mma_lib(device: torch.device, name: str = "q4_mma") -> ctypes.CDLL | None:
     if lib is not None:
         if name == "q4_mma":
             cuda.bind(lib, name, cuda_q4_mma.ARGTYPES, len(cuda_q4_mma.CONFIGS))
+        elif name == "q4_wgmma":
+            cuda.bind(lib, name, cuda_q4_mma.ROWS_ARGTYPES, len(cuda_q4_mma.WG_CONFIGS))
         else:
             cuda.bind(lib, name, cuda_q4_mma.ROWS_ARGTYPES, len(cuda_q4_mma.ROWS_CONFIGS))
     return lib
@@ -111,6 +138,8 @@ def choose(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: 
 
     if not cuda.enabled():  # read at each call: A/B runs switch it between two engines' graph captures
         return TRITON, 0
+    if not wg_enabled():
+        baseline += "-nowg"  # another candidate set: another choice
     key = (x2.shape[0], n, codes.shape[1], kind, x2.dtype, bias is not None, baseline, x2.device)
     hit = _choice.get(key)
     if hit is not None:
@@ -154,7 +183,7 @@ def _stored(key: tuple, x2, blocks, codes, scales, tab, kind, n, k, bias, triton
             return None
     except RuntimeError:
         return None
-    if choice[0] in ("mma", "rows"):
+    if choice[0] in _LAYOUT_KINDS:
         _mma_users.add((blocks.data_ptr(), blocks.device))
     return choice
 
@@ -170,6 +199,9 @@ def _candidates(x2: torch.Tensor, kind: str, k: int) -> tuple[list[tuple[str, in
         mma = True
     if cuda_q4_mma.rows_supports(x2, kind, k) and _mma_lib(x2.device, "q4_mma_rows") is not None:
         cands += [("rows", c) for c in range(len(cuda_q4_mma.ROWS_CONFIGS))]
+        mma = True
+    if wg_enabled() and cuda_q4_mma.wg_supports(x2, kind, k) and _mma_lib(x2.device, "q4_wgmma") is not None:
+        cands += [("wg", c) for c in range(len(cuda_q4_mma.WG_CONFIGS))]
         mma = True
     return cands, mma
 
@@ -195,8 +227,9 @@ def run(choice: tuple[str, int], x2: torch.Tensor, blocks: torch.Tensor, codes: 
         # (or, for more rows than it takes, Triton)
         return gemv(x2, codes, scales, tab, kind, n, k, bias, 0, out=out) if _fma_supports(x2, kind) else None
     mc, ms = layout or triton_soa.soa(blocks, kind, (n, k), make=cuda_q4_mma.repack)
-    if choice[0] == "rows":
-        return cuda_q4_mma.gemm(_mma_lib(x2.device, "q4_mma_rows"), x2, mc, ms, n, bias, choice[1], out)
+    if choice[0] in _GEMMS:
+        name = _GEMMS[choice[0]]
+        return cuda_q4_mma.gemm(_mma_lib(x2.device, name), x2, mc, ms, n, bias, choice[1], out, name)
     return cuda_q4_mma.gemv(_mma_lib(x2.device), x2, mc, ms, n, bias, choice[1], out)
 
 
@@ -227,7 +260,7 @@ def _time(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call) -> tupl
         if ms < best_ms:
             best, best_ms = cand, ms
     users = (blocks.data_ptr(), blocks.device)
-    if best[0] in ("mma", "rows"):
+    if best[0] in _LAYOUT_KINDS:
         _mma_users.add(users)
     elif mma and users not in _mma_users:  # its layout lost here and nowhere else: give its memory back
         triton_soa.forget(blocks, kind, (n, k), make=cuda_q4_mma.repack)

@@ -1,5 +1,6 @@
 """Q4_0 weights in the tensor-core layout (``inferflow/native/q4_mma.cu``, which documents it) and the calls of its
-two kernels: the GEMV for 1-8 activation rows (``q4_mma.cu``) and the GEMM for up to 64 (``q4_mma_rows.cu``).
+kernels: the GEMV for 1-8 activation rows (``q4_mma.cu``), the GEMM for up to 64 (``q4_mma_rows.cu``) and, on
+Hopper, the warpgroup-MMA GEMM for up to 256 (``q4_wgmma.cu``).
 
 The layout is made once per weight on its device (``triton_soa.soa(..., make=repack)``: cached with the blocks,
 freed with them): 4.5 bits per weight, as the blocks, rows padded to whole 16-row tiles.
@@ -26,11 +27,16 @@ ROWS_CONFIGS: tuple[tuple[int, int, bool, int], ...] = (
     (1, 8, False, 1), (1, 4, False, 1), (2, 4, False, 1), (1, 8, True, 1), (1, 4, True, 1), (2, 4, True, 1),
     (1, 4, True, 5), (1, 4, True, 6), (1, 8, True, 3))
 ROWS_MAX = 64
+# (WG warpgroups per block, RW row sets of 64 per warpgroup, KS column tiles per ring slot, STAGES ring slots),
+# q4_wgmma.cu's order: Hopper's warpgroup MMA, 1-256 rows (sm_90 only: its instructions are sm_90a's)
+WG_CONFIGS: tuple[tuple[int, int, int, int], ...] = (
+    (1, 1, 1, 6), (1, 2, 1, 6), (2, 1, 1, 4), (1, 1, 2, 4), (1, 1, 2, 3), (1, 2, 2, 3), (2, 1, 2, 3))
+WG_MAX = 256
 WORKSPACE_FLOATS = 1 << 22  # split-K partials of one call (16 MB); the kernel splits less where they would not fit
 COUNTERS = 4096  # row groups a split call can have (more: no split)
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _LL, _LL, _P]  # q4_mma(): see q4_mma.cu
-ROWS_ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _LL, _P, _I, _I, _I, _I, _LL, _LL, _P]  # q4_mma_rows()
+ROWS_ARGTYPES = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _LL, _P, _I, _I, _I, _I, _LL, _LL, _P]  # q4_mma_rows(), q4_wgmma()
 ROW_TILES_PER_PASS = 1024  # repack this many 16-row tiles at a time: bounded temporaries for a vocabulary head
 
 
@@ -86,11 +92,19 @@ def supports(x2: torch.Tensor, kind: str, k: int) -> bool:
             and x2.stride(-1) == 1 and x2.data_ptr() % 4 == 0 and (x2.shape[0] == 1 or x2.stride(0) % 2 == 0))
 
 
-def rows_supports(x2: torch.Tensor, kind: str, k: int) -> bool:
-    """The GEMM's operands: bf16/fp16 activations, 1..64 rows starting 16 bytes apart (its cp.async copies), Q4_0,
-    K a multiple of 64."""
-    return (kind == "q4_0" and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= ROWS_MAX and k % 64 == 0
+def rows_supports(x2: torch.Tensor, kind: str, k: int, most: int = ROWS_MAX) -> bool:
+    """The GEMMs' operands: bf16/fp16 activations, 1..``most`` rows starting 16 bytes apart (their cp.async copies),
+    Q4_0, K a multiple of 64."""
+    return (kind == "q4_0" and x2.dtype in _DTYPE and 1 <= x2.shape[0] <= most and k % 64 == 0
             and x2.stride(-1) == 1 and x2.data_ptr() % 16 == 0 and (x2.shape[0] == 1 or x2.stride(0) % 8 == 0))
+
+
+def wg_supports(x2: torch.Tensor, kind: str, k: int) -> bool:
+    """The warpgroup-MMA GEMM's operands: those of :func:`rows_supports` from :data:`MAX_ROWS` + 1 to
+    :data:`WG_MAX` rows, on an sm_90 GPU. Fewer rows are the GEMVs': offered the GEMM too, batch-1 decode lost 1.5%
+    (an A/B on an H200, docs/benchmarks.md)."""
+    return (x2.device.type == "cuda" and x2.shape[0] > MAX_ROWS and rows_supports(x2, kind, k, WG_MAX)
+            and torch.cuda.is_available() and torch.cuda.get_device_capability(x2.device) == (9, 0))
 
 
 _workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -110,19 +124,20 @@ def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def gemm(lib: ctypes.CDLL, x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, n: int,
-         bias: torch.Tensor | None, cfg: int, out: torch.Tensor) -> torch.Tensor | None:
-    """``out = x2 @ W^T (+ bias)`` [M, N] by the GEMM with launch config ``cfg`` (an index into
-    :data:`ROWS_CONFIGS`); None where its workspace cannot be made now (see :func:`workspace`)."""
+         bias: torch.Tensor | None, cfg: int, out: torch.Tensor, name: str = "q4_mma_rows") -> torch.Tensor | None:
+    """``out = x2 @ W^T (+ bias)`` [M, N] by the GEMM ``name`` (``q4_mma_rows`` or ``q4_wgmma``, the same
+    arguments) with launch config ``cfg`` (an index into :data:`ROWS_CONFIGS` or :data:`WG_CONFIGS`); None where
+    its workspace cannot be made now (see :func:`workspace`)."""
     space = workspace(x2.device)
     if space is None:
         return None
     ws, counters = space
     stream = torch.cuda.current_stream(x2.device).cuda_stream
-    err = lib.q4_mma_rows(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(),
+    err = getattr(lib, name)(x2.device.index or 0, _DTYPE[x2.dtype], cfg, x2.data_ptr(), codes.data_ptr(),
                           scales.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
                           ws.data_ptr(), ws.numel(), counters.data_ptr(), counters.numel(), n, codes.shape[1],
                           x2.shape[0], x2.stride(0), out.stride(0), ctypes.c_void_p(stream))
-    cuda.check(lib, "q4_mma_rows", err)
+    cuda.check(lib, name, err)
     return out
 
 

@@ -1,7 +1,7 @@
-"""4-bit matmuls of more rows than the CUDA kernels take (``triton_soa.CUDA_MAX_ROWS`` < rows <=
+"""4-bit matmuls of more rows than most CUDA kernels take (``triton_soa.CUDA_MAX_ROWS`` < rows <=
 ``triton_soa.GEMM_MAX_ROWS``) inside CUDA graphs: Triton's dequant-fused GEMM, the weight decoded into a buffer
-and one cuBLAS matmul, or the rows in chunks of CUDA_MAX_ROWS (the CUDA kernels where they timed faster), whichever
-the graph warm-up timed fastest for the key.
+and one cuBLAS matmul, the rows in chunks of CUDA_MAX_ROWS (the CUDA kernels where they timed faster), or, on
+Hopper, the warpgroup-MMA GEMM (native/q4_wgmma.cu), whichever the graph warm-up timed fastest for the key.
 
 Such steps are batched decode at 65-256 sequences, short prefills replayed as graphs (``graph_prefill_tokens``)
 and mixed steps. Run eagerly, they take the fused GEMM: a one-prompt prefill of 96-256 tokens is bound by the
@@ -28,7 +28,7 @@ import torch
 from ..native import choices
 from . import cuda_q4
 
-FUSED, DECODE, CHUNKS = "fused", "decode", "chunks"
+FUSED, DECODE, CHUNKS, WGMMA = "fused", "decode", "chunks", "wgmma"
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -58,18 +58,18 @@ def pick(x2: torch.Tensor, n: int, k: int, kind: str, bias: torch.Tensor | None,
     capturing = torch.cuda.is_current_stream_capturing()
     if not capturing and not _selecting():
         return FUSED  # an eager step: bound by the host (module docstring)
-    key = (x2.shape[0], n, k, kind, x2.dtype, bias is not None, x2.device)
+    key = (x2.shape[0], n, k, kind, x2.dtype, bias is not None, WGMMA in calls, x2.device)
     hit = _choice.get(key)
     if hit is not None or capturing:
         return hit if hit in calls else FUSED
     with _lock:
         if key not in _choice:
-            got = STORE.get(key[:6], x2.device)
+            got = STORE.get(key[:7], x2.device)
             if got not in calls:
                 got = _time(calls)
-                STORE.put(key[:6], x2.device, got)
+                STORE.put(key[:7], x2.device, got)
             _choice[key] = got
-            log.debug("4-bit matmul %s in graphs: %s", key[:6], got)
+            log.debug("4-bit matmul %s in graphs: %s", key[:7], got)
     return _choice[key]
 
 

@@ -18,8 +18,9 @@ dicts, moves off the GPU and the bit-exact reference path read them), so a weigh
 4-bit weights: up to :data:`FMA_MAX_ROWS` activation rows run the float32 FMA GEMV (triton_q4.gemv4), up to
 :data:`GEMM_MAX_ROWS` a dequant-fused ``tl.dot`` GEMM (triton_q4_gemm.gemm4, or triton_q4_swap.gemm4s for
 :data:`SWAP_ROWS` rows: no decoded copy), more rows (prefills, mixed steps) decode the weight into a reused
-per-thread buffer and run one cuBLAS matmul. Inside CUDA graphs, 65 rows and up take whichever of these two, or
-the rows in chunks of CUDA_MAX_ROWS, quant/q4_wide.py timed fastest. Up to
+per-thread buffer and run one cuBLAS matmul. Inside CUDA graphs, 65 rows and up take whichever of these two, the
+rows in chunks of CUDA_MAX_ROWS, or (Hopper) the warpgroup-MMA GEMM of quant/cuda_q4.py, quant/q4_wide.py timed
+fastest. Up to
 :data:`CUDA_MAX_ROWS`, the CUDA kernels of quant/cuda_q4.py run instead where they timed faster. q8_0: GEMV kernels
 (triton_gemv.py) up to :data:`GEMV_MAX_ROWS`, the decode + cuBLAS path above.
 """
@@ -180,12 +181,16 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
 
 def wide_calls(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
                kind: str, shape: tuple[int, int], bias: torch.Tensor | None) -> dict[str, Callable[[], torch.Tensor]]:
-    """quant/q4_wide.py's candidates for a 4-bit matmul of more than CUDA_MAX_ROWS rows on a GPU, by name."""
-    return {q4_wide.FUSED: lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, False),
-            q4_wide.DECODE: lambda: _decoded(x2, codes, scales, tab, kind, shape, bias, False),
-            q4_wide.CHUNKS: lambda: torch.cat([_matmul4(x2[r:r + CUDA_MAX_ROWS], blocks, codes, scales, tab, kind,
-                                                        shape, bias, False)
-                                               for r in range(0, x2.shape[0], CUDA_MAX_ROWS)])}
+    """quant/q4_wide.py's candidates for a 4-bit matmul of more than CUDA_MAX_ROWS rows on a GPU, by name; WGMMA
+    where the warpgroup-MMA GEMM takes these rows (quant/cuda_q4.py times its configs against the fused GEMM)."""
+    calls = {q4_wide.FUSED: lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, False),
+             q4_wide.DECODE: lambda: _decoded(x2, codes, scales, tab, kind, shape, bias, False),
+             q4_wide.CHUNKS: lambda: torch.cat([_matmul4(x2[r:r + CUDA_MAX_ROWS], blocks, codes, scales, tab, kind,
+                                                         shape, bias, False)
+                                                for r in range(0, x2.shape[0], CUDA_MAX_ROWS)])}
+    if cuda_q4.wide_supports(x2, kind, bias):
+        calls[q4_wide.WGMMA] = lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, False, wide=True)
+    return calls
 
 
 def _decoded(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor, kind: str,
@@ -208,8 +213,11 @@ def _decoded(x2: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: t
 
 
 def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
-             kind: str, shape: tuple[int, int], bias: torch.Tensor | None, interpreted: bool) -> torch.Tensor:
-    """4-bit weights, up to GEMM_MAX_ROWS rows: the FMA GEMV or the dequant-fused tl.dot GEMM (triton_q4*.py)."""
+             kind: str, shape: tuple[int, int], bias: torch.Tensor | None, interpreted: bool,
+             wide: bool = False) -> torch.Tensor:
+    """4-bit weights, up to GEMM_MAX_ROWS rows: the FMA GEMV or the dequant-fused tl.dot GEMM (triton_q4*.py), or
+    the CUDA kernel timed faster for the key: up to CUDA_MAX_ROWS rows, or (``wide``) up to the warpgroup-MMA
+    GEMM's."""
     from . import triton_q4 as t4
     from . import triton_q4_gemm as t4g
     from . import triton_q4_swap as t4s
@@ -236,7 +244,8 @@ def _matmul4(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales
             KIND=_CODE[kind], IEEE=x2.dtype == torch.float32 or interpreted)
         return y
 
-    if not interpreted and m <= CUDA_MAX_ROWS and cuda_q4.supports(x2, kind, bias):
+    if not interpreted and (cuda_q4.wide_supports(x2, kind, bias) if wide
+                            else m <= CUDA_MAX_ROWS and cuda_q4.supports(x2, kind, bias)):
         baseline = "gemv4" if m <= FMA_MAX_ROWS else "gemm4s" if swapped(x2, False) else "gemm4"
         choice = cuda_q4.choose(x2, blocks, codes, scales, tab, kind, n, k, bias, triton_call, baseline)
         if choice[0] != cuda_q4.TRITON:
