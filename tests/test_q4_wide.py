@@ -24,6 +24,21 @@ def test_no_choice_off_the_gpu_or_switched_off(monkeypatch):
     assert not q4_wide.enabled()
 
 
+def test_warpgroup_candidate_offered_without_a_build(monkeypatch):
+    # where the warpgroup-MMA GEMM takes the operands (sm_90), it is a candidate; listing it builds nothing (an
+    # eager step takes the fused GEMM and must not wait for nvcc), and INFERFLOW_Q4_WGMMA=0 leaves it out
+    from inferflow.quant import cuda_q4, cuda_q4_mma
+
+    monkeypatch.setattr(cuda_q4_mma, "wg_supports", lambda x2, kind, k: True)
+    monkeypatch.setattr(cuda_q4, "_bias_ok", lambda x2, bias: True)
+    monkeypatch.setattr(cuda_q4, "_mma_lib", _never)
+    x = torch.randn(100, 64)
+    assert list(triton_soa.wide_calls(x, None, None, None, None, "q4_0", (32, 64), None)) == [
+        q4_wide.FUSED, q4_wide.DECODE, q4_wide.CHUNKS, q4_wide.WGMMA]
+    monkeypatch.setenv("INFERFLOW_Q4_WGMMA", "0")
+    assert q4_wide.WGMMA not in triton_soa.wide_calls(x, None, None, None, None, "q4_0", (32, 64), None)
+
+
 @pytest.fixture
 def fresh_choices(monkeypatch, tmp_path):
     from inferflow.native import choices

@@ -77,13 +77,15 @@ def supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
                                     or cuda_q4_mma.rows_supports(x2, kind, k)))
 
 
-def wide_supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None) -> bool:
-    """Whether the warpgroup-MMA GEMM takes these operands (up to 256 rows on an sm_90 GPU, ``nvcc`` present)."""
+def wide_supports(x2: torch.Tensor, kind: str, bias: torch.Tensor | None, build: bool = True) -> bool:
+    """Whether the warpgroup-MMA GEMM takes these operands (up to 256 rows on an sm_90 GPU, ``nvcc`` present).
+    ``build=False`` leaves out the last condition: no ``nvcc`` run at a step that would not use the kernel."""
     from ..native import cuda
     from . import cuda_q4_mma
 
     return (cuda.enabled() and wg_enabled() and _bias_ok(x2, bias)
-            and cuda_q4_mma.wg_supports(x2, kind, x2.shape[-1]) and _mma_lib(x2.device, "q4_wgmma") is not None)
+            and cuda_q4_mma.wg_supports(x2, kind, x2.shape[-1])
+            and (not build or _mma_lib(x2.device, "q4_wgmma") is not None))
 
 
 def wg_enabled() -> bool:

@@ -182,13 +182,14 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, kind: str, shape: tuple[int, 
 def wide_calls(x2: torch.Tensor, blocks: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tab: torch.Tensor,
                kind: str, shape: tuple[int, int], bias: torch.Tensor | None) -> dict[str, Callable[[], torch.Tensor]]:
     """quant/q4_wide.py's candidates for a 4-bit matmul of more than CUDA_MAX_ROWS rows on a GPU, by name; WGMMA
-    where the warpgroup-MMA GEMM takes these rows (quant/cuda_q4.py times its configs against the fused GEMM)."""
+    where the warpgroup-MMA GEMM takes these rows (quant/cuda_q4.py times its configs against the fused GEMM; its
+    ``nvcc`` build waits for the first call: an eager step, which takes the fused GEMM, makes none)."""
     calls = {q4_wide.FUSED: lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, False),
              q4_wide.DECODE: lambda: _decoded(x2, codes, scales, tab, kind, shape, bias, False),
              q4_wide.CHUNKS: lambda: torch.cat([_matmul4(x2[r:r + CUDA_MAX_ROWS], blocks, codes, scales, tab, kind,
                                                          shape, bias, False)
                                                 for r in range(0, x2.shape[0], CUDA_MAX_ROWS)])}
-    if cuda_q4.wide_supports(x2, kind, bias):
+    if cuda_q4.wide_supports(x2, kind, bias, build=False):
         calls[q4_wide.WGMMA] = lambda: _matmul4(x2, blocks, codes, scales, tab, kind, shape, bias, False, wide=True)
     return calls
 
