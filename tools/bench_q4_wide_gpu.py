@@ -1,6 +1,6 @@
-"""4-bit steps of 65-256 rows inside CUDA graphs: decode + cuBLAS where quant/q4_wide.py timed it faster, against
-the fused GEMM throughout (``INFERFLOW_Q4_WIDE=0`` while that engine captures its graphs), with bf16 beside them.
-Three engines on one model, interleaved, medians.
+"""4-bit steps of 65-256 rows inside CUDA graphs: quant/q4_wide.py's timed choice (the fused GEMM, decode + cuBLAS,
+64-row chunks or, on Hopper, the warpgroup-MMA GEMM), against the fused GEMM throughout (``INFERFLOW_Q4_WIDE=0``
+while that engine captures its graphs), with bf16 beside them. Three engines on one model, interleaved, medians.
 
     python3 tools/random_hf_model.py qwen3-8b /tmp/qwen3-8b
     python3 tools/bench_q4_wide_gpu.py --model /tmp/qwen3-8b [--batches 128,256] [--lens 96,128] [--rounds 3]
