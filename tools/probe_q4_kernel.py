@@ -2,6 +2,8 @@
 
     ncu --clock-control none --kernel-name regex:q4_mma_rows --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats python3 tools/probe_q4_kernel.py --shape gate_up --rows 64 --kernel rows --configs 0,1
+    ncu --clock-control none --kernel-name regex:q4_wgmma --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        python3 tools/probe_q4_kernel.py --shape gate_up --rows 128 --kernel wg --configs 3,6   # Hopper's wgmma GEMM
 
 Random Q4_0 blocks and bf16 activations; each config is called ``--calls`` times (eagerly: one kernel launch per
 call, which is what ncu profiles). Prints nothing but progress: the numbers are the profiler's.
@@ -23,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="gate_up", choices=sorted(SHAPES))
     ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--kernel", default="rows", choices=["fma", "mma", "rows"])
+    ap.add_argument("--kernel", default="rows", choices=["fma", "mma", "rows", "wg"])
     ap.add_argument("--configs", default="0")
     ap.add_argument("--calls", type=int, default=2)
     a = ap.parse_args()
