@@ -239,3 +239,65 @@ def test_short_chunks_run_as_decode_rows(tmp_path):
         runner.native = keep
     assert calls == [9] and ours.shape == ref.shape == (4, 96)
     assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_more_rows_than_the_program_takes(tmp_path):
+    """More decode rows than MAX_ROWS: program calls of up to MAX_ROWS rows each. The program is batch-invariant,
+    so each row's logits are the bits it gets alone; op by op (other kernels at this many rows) within rounding."""
+    n = 2 * MAX_ROWS + 3
+    eng = _engine(_float_model(tmp_path), max_num_seqs=n)
+    runner = eng.runner
+    for i in range(n):
+        eng.add_request([(7 * i + j) % 90 + 1 for j in range(3 + i % 5)],
+                        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    eng.step()  # prefill
+    seqs = list(eng.scheduler.running)
+    assert len(seqs) == n
+    # each prompt's last token again (same id at the same slot: the cache keeps its values)
+    items = [(s, s.num_tokens - 2, s.tokens(s.num_tokens - 2, s.num_tokens - 1), 1) for s in seqs]
+    calls = []
+    decode = runner.native.decode
+    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
+    ours = runner.forward(items)
+    assert calls == [MAX_ROWS, MAX_ROWS, 3]
+    assert torch.equal(ours, torch.cat([runner.forward([it]) for it in items]))
+    runner.native, keep = None, runner.native
+    try:
+        ref = runner.forward(items)
+    finally:
+        runner.native = keep
+    assert ours.shape == ref.shape == (n, 96)
+    assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    eng.runner.native.decode = decode
+    res = eng.generate([[3, 4, 5]] * 2, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert all(len(r.outputs[0].token_ids) == 3 for r in res)  # the engine still steps
+
+
+def test_more_rows_with_a_longer_item(tmp_path):
+    """A pass of decode rows and a longer item (a prefill chunk, a speculative verification): the decode rows in
+    program calls, the longer item as a pass of its own; logits in item order, as the op-by-op forward's."""
+    n = MAX_ROWS + 2
+    eng = _engine(_float_model(tmp_path), max_num_seqs=n)
+    runner = eng.runner
+    for i in range(n):
+        eng.add_request([(5 * i + j) % 90 + 1 for j in range(4 + i % 3)],
+                        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    eng.step()  # prefill
+    seqs = list(eng.scheduler.running)
+    assert len(seqs) == n
+    # the prompts' tokens again (same ids at the same slots): the first one's last 3, with 2 rows of logits; the
+    # others' last one
+    items = [(s, s.num_tokens - 1 - k, s.tokens(s.num_tokens - 1 - k, s.num_tokens - 1), rows)
+             for s, k, rows in [(seqs[0], 3, 2)] + [(s, 1, 1) for s in seqs[1:]]]
+    items = items[1:4] + items[:1] + items[4:]  # the longer item among the decode rows
+    calls = []
+    decode = runner.native.decode
+    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
+    ours = runner.forward(items)
+    runner.native, keep = None, runner.native
+    try:
+        ref = runner.forward(items)
+    finally:
+        runner.native = keep
+    assert sorted(calls) == sorted([MAX_ROWS, 1, 3]) and ours.shape == ref.shape == (n + 1, 96)
+    assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
