@@ -215,6 +215,23 @@ def test_logits_are_the_callers_own(tmp_path):
     assert torch.equal(a, keep) and not torch.equal(a, b)
 
 
+def _with_and_without_program(runner, items):
+    """``runner.forward(items)`` with the program (and the rows of each of its calls), and op by op."""
+    calls = []
+    decode = runner.native.decode
+    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
+    try:
+        ours = runner.forward(items)
+    finally:
+        runner.native.decode = decode
+    runner.native, keep = None, runner.native
+    try:
+        ref = runner.forward(items)
+    finally:
+        runner.native = keep
+    return ours, ref, calls
+
+
 def test_short_chunks_run_as_decode_rows(tmp_path):
     """A step of at most MAX_ROWS new tokens (speculative verification, short chunks) runs as ONE program call, each
     token a decode row at its position: the same logits as the op-by-op forward, only the rows asked for returned."""
@@ -228,15 +245,7 @@ def test_short_chunks_run_as_decode_rows(tmp_path):
     # re-run each sequence's last tokens (same ids at the same slots: the cache keeps its values), rows 3 / 1 / 0
     items = [(s, s.num_tokens - n, s.tokens(s.num_tokens - n, s.num_tokens), rows)
              for s, n, rows in zip(seqs, (4, 2, 3), (3, 1, 0))]
-    calls = []
-    decode = runner.native.decode
-    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
-    ours = runner.forward(items)
-    runner.native, keep = None, runner.native
-    try:
-        ref = runner.forward(items)
-    finally:
-        runner.native = keep
+    ours, ref, calls = _with_and_without_program(runner, items)
     assert calls == [9] and ours.shape == ref.shape == (4, 96)
     assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
@@ -255,20 +264,11 @@ def test_more_rows_than_the_program_takes(tmp_path):
     assert len(seqs) == n
     # each prompt's last token again (same id at the same slot: the cache keeps its values)
     items = [(s, s.num_tokens - 2, s.tokens(s.num_tokens - 2, s.num_tokens - 1), 1) for s in seqs]
-    calls = []
-    decode = runner.native.decode
-    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
-    ours = runner.forward(items)
+    ours, ref, calls = _with_and_without_program(runner, items)
     assert calls == [MAX_ROWS, MAX_ROWS, 3]
     assert torch.equal(ours, torch.cat([runner.forward([it]) for it in items]))
-    runner.native, keep = None, runner.native
-    try:
-        ref = runner.forward(items)
-    finally:
-        runner.native = keep
     assert ours.shape == ref.shape == (n, 96)
     assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
-    eng.runner.native.decode = decode
     res = eng.generate([[3, 4, 5]] * 2, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert all(len(r.outputs[0].token_ids) == 3 for r in res)  # the engine still steps
 
@@ -290,14 +290,6 @@ def test_more_rows_with_a_longer_item(tmp_path):
     items = [(s, s.num_tokens - 1 - k, s.tokens(s.num_tokens - 1 - k, s.num_tokens - 1), rows)
              for s, k, rows in [(seqs[0], 3, 2)] + [(s, 1, 1) for s in seqs[1:]]]
     items = items[1:4] + items[:1] + items[4:]  # the longer item among the decode rows
-    calls = []
-    decode = runner.native.decode
-    runner.native.decode = lambda *a: calls.append(len(a[0])) or decode(*a)
-    ours = runner.forward(items)
-    runner.native, keep = None, runner.native
-    try:
-        ref = runner.forward(items)
-    finally:
-        runner.native = keep
+    ours, ref, calls = _with_and_without_program(runner, items)
     assert sorted(calls) == sorted([MAX_ROWS, 1, 3]) and ours.shape == ref.shape == (n + 1, 96)
     assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
