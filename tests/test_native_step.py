@@ -250,18 +250,23 @@ def test_short_chunks_run_as_decode_rows(tmp_path):
     assert (ours - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
+def _prefilled(tmp_path, prompts):
+    """An engine with one sequence per prompt (as many as it runs at once), after their prefill step."""
+    eng = _engine(_float_model(tmp_path), max_num_seqs=len(prompts))
+    for p in prompts:
+        eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    eng.step()
+    seqs = list(eng.scheduler.running)
+    assert len(seqs) == len(prompts)
+    return eng, seqs
+
+
 def test_more_rows_than_the_program_takes(tmp_path):
     """More decode rows than MAX_ROWS: program calls of up to MAX_ROWS rows each. The program is batch-invariant,
     so each row's logits are the bits it gets alone; op by op (other kernels at this many rows) within rounding."""
     n = 2 * MAX_ROWS + 3
-    eng = _engine(_float_model(tmp_path), max_num_seqs=n)
+    eng, seqs = _prefilled(tmp_path, [[(7 * i + j) % 90 + 1 for j in range(3 + i % 5)] for i in range(n)])
     runner = eng.runner
-    for i in range(n):
-        eng.add_request([(7 * i + j) % 90 + 1 for j in range(3 + i % 5)],
-                        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    eng.step()  # prefill
-    seqs = list(eng.scheduler.running)
-    assert len(seqs) == n
     # each prompt's last token again (same id at the same slot: the cache keeps its values)
     items = [(s, s.num_tokens - 2, s.tokens(s.num_tokens - 2, s.num_tokens - 1), 1) for s in seqs]
     ours, ref, calls = _with_and_without_program(runner, items)
@@ -277,14 +282,8 @@ def test_more_rows_with_a_longer_item(tmp_path):
     """A pass of decode rows and a longer item (a prefill chunk, a speculative verification): the decode rows in
     program calls, the longer item as a pass of its own; logits in item order, as the op-by-op forward's."""
     n = MAX_ROWS + 2
-    eng = _engine(_float_model(tmp_path), max_num_seqs=n)
+    eng, seqs = _prefilled(tmp_path, [[(5 * i + j) % 90 + 1 for j in range(4 + i % 3)] for i in range(n)])
     runner = eng.runner
-    for i in range(n):
-        eng.add_request([(5 * i + j) % 90 + 1 for j in range(4 + i % 3)],
-                        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    eng.step()  # prefill
-    seqs = list(eng.scheduler.running)
-    assert len(seqs) == n
     # the prompts' tokens again (same ids at the same slots): the first one's last 3, with 2 rows of logits; the
     # others' last one
     items = [(s, s.num_tokens - 1 - k, s.tokens(s.num_tokens - 1 - k, s.num_tokens - 1), rows)
